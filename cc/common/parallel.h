@@ -1,0 +1,50 @@
+// Parallel loops for CPU kernels without tying the kernel layer to XLA.
+//
+// A kernel receives a `const Parallel&` and calls `for_each(n, fn)`, which runs fn(i) once for
+// every i in [0, n) on the available threads and returns when all are done. The FFI layer
+// implements it on XLA's intra-op thread pool (cc/ffi/cpu_parallel.h); standalone drivers use
+// SerialParallel or ThreadParallel below.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace jaxdnn {
+
+class Parallel {
+ public:
+  virtual ~Parallel() = default;
+  virtual int num_threads() const = 0;
+  virtual void for_each(int64_t n, const std::function<void(int64_t)>& fn) const = 0;
+};
+
+class SerialParallel final : public Parallel {
+ public:
+  int num_threads() const override { return 1; }
+  void for_each(int64_t n, const std::function<void(int64_t)>& fn) const override {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+  }
+};
+
+// std::thread based, for benchmarks and drivers outside XLA. Task i goes to thread i % T.
+class ThreadParallel final : public Parallel {
+ public:
+  explicit ThreadParallel(int threads) : threads_(threads < 1 ? 1 : threads) {}
+  int num_threads() const override { return threads_; }
+  void for_each(int64_t n, const std::function<void(int64_t)>& fn) const override {
+    if (n <= 1 || threads_ == 1) { for (int64_t i = 0; i < n; ++i) fn(i); return; }
+    std::vector<std::thread> pool;
+    int t_used = int(n < threads_ ? n : threads_);
+    for (int t = 1; t < t_used; ++t)
+      pool.emplace_back([&, t] { for (int64_t i = t; i < n; i += t_used) fn(i); });
+    for (int64_t i = 0; i < n; i += t_used) fn(i);
+    for (auto& th : pool) th.join();
+  }
+
+ private:
+  int threads_;
+};
+
+}  // namespace jaxdnn

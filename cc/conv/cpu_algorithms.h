@@ -1,0 +1,28 @@
+// The CPU convolution algorithm registry. Each algorithm lives in its own file and defines
+// one CpuAlgorithm; cpu_registry.cc lists them (adding an algorithm is one file and one line).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cc/common/parallel.h"
+#include "cc/common/status.h"
+#include "cc/conv/conv.h"
+
+namespace jaxdnn::conv {
+
+struct CpuAlgorithm {
+  const char* name;
+  bool deterministic;
+  Support (*supports)(const Args&);
+  // Bytes of temporary memory one call allocates (for reporting and workspace limits).
+  int64_t (*workspace_bytes)(const Args&, int num_threads);
+  Status (*run)(const Args&, const Buffers&, const Parallel&);
+};
+
+extern const CpuAlgorithm kCpuDirect;       // cpu_direct.cc: the oracle
+
+const std::vector<const CpuAlgorithm*>& cpu_algorithms();
+const CpuAlgorithm* find_cpu_algorithm(const char* name);
+
+}  // namespace jaxdnn::conv

@@ -1,0 +1,169 @@
+// CPU direct convolution: the oracle. Seven plain loops per direction, every case (stride,
+// padding, lhs/rhs dilation, groups) written out, accumulation in double. Each direction
+// gathers (no scatter), so results are deterministic whatever the thread count.
+//
+// Cost: N*Z*P*Q*K*T*R*S*Cg multiply-adds with no blocking; it is meant for correctness, and
+// for tiny problems where packing would cost more than it saves.
+
+#include <vector>
+
+#include "cc/conv/cpu_algorithms.h"
+
+namespace jaxdnn::conv {
+namespace {
+
+// Input index along one axis for output o and tap f, or -1 on padding.
+inline int64_t in_idx(const Problem& p, int a, int64_t o, int64_t f) {
+  return input_index(dilated_coord(o, f, p.stride[a], p.pad_lo[a], p.rhs_dil[a]), p.in[a],
+                     p.lhs_dil[a]);
+}
+
+// Output index along one axis that reads input i through tap f, or -1 if none does.
+inline int64_t out_idx(const Problem& p, int a, int64_t i, int64_t f) {
+  int64_t num = i * p.lhs_dil[a] + p.pad_lo[a] - f * p.rhs_dil[a];
+  if (num < 0 || num % p.stride[a] != 0) return -1;
+  int64_t o = num / p.stride[a];
+  return o < p.out[a] ? o : -1;
+}
+
+template <typename In, typename Out>
+void fwd(const Problem& p, const In* x, const In* w, Out* y, const Parallel& par) {
+  const int64_t D = p.in[0], H = p.in[1], W = p.in[2], C = p.C, K = p.K;
+  const int64_t Z = p.out[0], P = p.out[1], Q = p.out[2];
+  const int64_t T = p.filt[0], R = p.filt[1], S = p.filt[2], Cg = p.Cg(), Kg = p.Kg();
+  par.for_each(p.N * Z * P, [&](int64_t task) {
+    const int64_t n = task / (Z * P), z = task / P % Z, pp = task % P;
+    for (int64_t q = 0; q < Q; ++q) {
+      Out* yp = y + (((n * Z + z) * P + pp) * Q + q) * K;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = k / Kg;
+        double acc = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t id = in_idx(p, 0, z, t);
+          if (id < 0) continue;
+          for (int64_t r = 0; r < R; ++r) {
+            const int64_t ih = in_idx(p, 1, pp, r);
+            if (ih < 0) continue;
+            for (int64_t s = 0; s < S; ++s) {
+              const int64_t iw = in_idx(p, 2, q, s);
+              if (iw < 0) continue;
+              const In* xp = x + (((n * D + id) * H + ih) * W + iw) * C + g * Cg;
+              const In* wp = w + ((t * R + r) * S + s) * Cg * K + k;
+              for (int64_t c = 0; c < Cg; ++c)
+                acc += double(load_acc(xp[c])) * double(load_acc(wp[c * K]));
+            }
+          }
+        }
+        yp[k] = store_as<Out>(acc);
+      }
+    }
+  });
+}
+
+template <typename In, typename Out>
+void bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Parallel& par) {
+  const int64_t D = p.in[0], H = p.in[1], W = p.in[2], C = p.C, K = p.K;
+  const int64_t Z = p.out[0], P = p.out[1], Q = p.out[2];
+  const int64_t T = p.filt[0], R = p.filt[1], S = p.filt[2], Cg = p.Cg(), Kg = p.Kg();
+  par.for_each(p.N * D * H, [&](int64_t task) {
+    const int64_t n = task / (D * H), d = task / H % D, h = task % H;
+    for (int64_t iw = 0; iw < W; ++iw) {
+      Out* dxp = dx + (((n * D + d) * H + h) * W + iw) * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t g = c / Cg, ci = c % Cg;
+        double acc = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t oz = out_idx(p, 0, d, t);
+          if (oz < 0) continue;
+          for (int64_t r = 0; r < R; ++r) {
+            const int64_t op = out_idx(p, 1, h, r);
+            if (op < 0) continue;
+            for (int64_t s = 0; s < S; ++s) {
+              const int64_t oq = out_idx(p, 2, iw, s);
+              if (oq < 0) continue;
+              const In* dyp = dy + (((n * Z + oz) * P + op) * Q + oq) * K + g * Kg;
+              const In* wp = w + (((t * R + r) * S + s) * Cg + ci) * K + g * Kg;
+              for (int64_t k = 0; k < Kg; ++k)
+                acc += double(load_acc(dyp[k])) * double(load_acc(wp[k]));
+            }
+          }
+        }
+        dxp[c] = store_as<Out>(acc);
+      }
+    }
+  });
+}
+
+template <typename In, typename Out>
+void bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Parallel& par) {
+  const int64_t D = p.in[0], H = p.in[1], W = p.in[2], C = p.C, K = p.K;
+  const int64_t Z = p.out[0], P = p.out[1], Q = p.out[2];
+  const int64_t R = p.filt[1], S = p.filt[2], Cg = p.Cg(), Kg = p.Kg();
+  // One task per filter row (t, r, s, ci): it owns the K outputs dw[t, r, s, ci, :].
+  par.for_each(p.filt_spatial() * Cg, [&](int64_t task) {
+    const int64_t ci = task % Cg, s = task / Cg % S, r = task / (Cg * S) % R,
+                  t = task / (Cg * S * R);
+    std::vector<double> acc(size_t(K), 0.0);
+    for (int64_t n = 0; n < p.N; ++n)
+      for (int64_t z = 0; z < Z; ++z) {
+        const int64_t id = in_idx(p, 0, z, t);
+        if (id < 0) continue;
+        for (int64_t pp = 0; pp < P; ++pp) {
+          const int64_t ih = in_idx(p, 1, pp, r);
+          if (ih < 0) continue;
+          for (int64_t q = 0; q < Q; ++q) {
+            const int64_t iw = in_idx(p, 2, q, s);
+            if (iw < 0) continue;
+            const In* xp = x + (((n * D + id) * H + ih) * W + iw) * C + ci;
+            const In* dyp = dy + (((n * Z + z) * P + pp) * Q + q) * K;
+            for (int64_t g = 0; g < p.G; ++g) {
+              const double xv = load_acc(xp[g * Cg]);
+              for (int64_t k = g * Kg; k < (g + 1) * Kg; ++k)
+                acc[size_t(k)] += xv * double(load_acc(dyp[k]));
+            }
+          }
+        }
+      }
+    Out* dwp = dw + task * K;
+    for (int64_t k = 0; k < K; ++k) dwp[k] = store_as<Out>(acc[size_t(k)]);
+  });
+}
+
+Support supports(const Args&) { return Support::Yes(); }
+
+int64_t workspace_bytes(const Args& a, int num_threads) {
+  // bwd_filter keeps one row of K double accumulators per running task.
+  return a.dir == Direction::kBwdFilter ? int64_t(num_threads) * a.p.K * 8 : 0;
+}
+
+Status run(const Args& a, const Buffers& b, const Parallel& par) {
+  const Problem& p = a.p;
+  bool ok = dispatch_io(a.in, a.out, [&](auto in_tag, auto out_tag) {
+    using In = decltype(in_tag);
+    using Out = decltype(out_tag);
+    switch (a.dir) {
+      case Direction::kFwd:
+        fwd(p, static_cast<const In*>(b.x), static_cast<const In*>(b.w),
+            static_cast<Out*>(b.result), par);
+        break;
+      case Direction::kBwdData:
+        bwd_data(p, static_cast<const In*>(b.y), static_cast<const In*>(b.w),
+                 static_cast<Out*>(b.result), par);
+        break;
+      case Direction::kBwdFilter:
+        bwd_filter(p, static_cast<const In*>(b.x), static_cast<const In*>(b.y),
+                   static_cast<Out*>(b.result), par);
+        break;
+    }
+  });
+  if (!ok)
+    return Status::Error(std::string("conv direct: unsupported dtypes ") + dtype_name(a.in) +
+                         " -> " + dtype_name(a.out));
+  return Status::Ok();
+}
+
+}  // namespace
+
+const CpuAlgorithm kCpuDirect = {"direct", /*deterministic=*/true, supports, workspace_bytes, run};
+
+}  // namespace jaxdnn::conv

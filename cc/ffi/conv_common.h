@@ -1,0 +1,92 @@
+// Conv pieces shared by the CPU and CUDA handlers and modules: the binding (same operands and
+// attributes on both platforms), buffers + attributes -> conv::Args, and the Python-facing
+// problem encoding used by the algorithm queries.
+#pragma once
+
+#include <stdexcept>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "cc/conv/conv.h"
+#include "cc/ffi/common.h"
+
+namespace jaxdnn::ffi_util {
+
+using I64Span = ffi::Span<const int64_t>;
+
+// Operands of every conv custom call, in order: a, b -> result, where (a, b, result) is
+// (x, w, y) for fwd, (dy, w, dx) for bwd_data and (x, dy, dw) for bwd_filter. All rank 5 in
+// the canonical layouts of cc/conv/conv.h.
+template <typename Binding>
+auto bind_conv(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<I64Span>("stride")
+      .template Attr<I64Span>("pad_lo")
+      .template Attr<I64Span>("pad_hi")
+      .template Attr<I64Span>("lhs_dilation")
+      .template Attr<I64Span>("rhs_dilation")
+      .template Attr<int64_t>("groups")
+      .template Attr<std::string_view>("algo");
+}
+
+struct ConvAttrs {
+  I64Span stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation;
+  int64_t groups;
+};
+
+// Builds and validates the problem of a call. On failure returns an error message.
+inline std::string make_args(conv::Direction dir, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+                             const ffi::AnyBuffer& result, const ConvAttrs& at, conv::Args* out) {
+  auto da = a.dimensions(), db = b.dimensions(), dr = result.dimensions();
+  if (da.size() != 5 || db.size() != 5 || dr.size() != 5)
+    return "conv operands must be rank 5 (canonical layout)";
+  for (I64Span s : {at.stride, at.pad_lo, at.pad_hi, at.lhs_dilation, at.rhs_dilation})
+    if (s.size() != 3) return "conv window attributes must have 3 entries";
+  // x, w, y dims by role.
+  ffi::Span<const int64_t> x = da, w = db, y = dr;
+  if (dir == conv::Direction::kBwdData) { y = da; w = db; x = dr; }
+  if (dir == conv::Direction::kBwdFilter) { x = da; y = db; w = dr; }
+  conv::Problem& p = out->p;
+  p.N = x[0]; p.C = x[4]; p.K = w[4]; p.G = at.groups;
+  for (int i = 0; i < 3; ++i) {
+    p.in[i] = x[1 + i]; p.filt[i] = w[i]; p.out[i] = y[1 + i];
+    p.stride[i] = at.stride[i]; p.pad_lo[i] = at.pad_lo[i]; p.pad_hi[i] = at.pad_hi[i];
+    p.lhs_dil[i] = at.lhs_dilation[i]; p.rhs_dil[i] = at.rhs_dilation[i];
+  }
+  if (y[0] != p.N || y[4] != p.K || (p.G > 0 && w[3] * p.G != p.C))
+    return "conv operand shapes are inconsistent";
+  Status s = conv::validate(p);
+  if (!s.ok()) return s.message;
+  out->dir = dir;
+  auto in_t = to_dtype(a.element_type()), b_t = to_dtype(b.element_type()),
+       out_t = to_dtype(result.element_type());
+  if (!in_t || !b_t || !out_t || *in_t != *b_t)
+    return "conv operands must be two arrays of one float dtype";
+  out->in = *in_t;
+  out->out = *out_t;
+  return {};
+}
+
+// Python encodes a problem as 31 ints: N C K G, in[3], filt[3], out[3], stride[3], pad_lo[3],
+// pad_hi[3], lhs_dil[3], rhs_dil[3] (jaxdnn/ops/conv.py: ConvSpec.encode()).
+inline conv::Problem decode_problem(const std::vector<int64_t>& v) {
+  conv::Problem p;
+  p.N = v.at(0); p.C = v.at(1); p.K = v.at(2); p.G = v.at(3);
+  for (int i = 0; i < 3; ++i) {
+    p.in[i] = v.at(4 + i); p.filt[i] = v.at(7 + i); p.out[i] = v.at(10 + i);
+    p.stride[i] = v.at(13 + i); p.pad_lo[i] = v.at(16 + i); p.pad_hi[i] = v.at(19 + i);
+    p.lhs_dil[i] = v.at(22 + i); p.rhs_dil[i] = v.at(25 + i);
+  }
+  return p;
+}
+
+inline DType dtype_from_name(const std::string& s) {
+  for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16})
+    if (s == dtype_name(t)) return t;
+  throw std::invalid_argument("unsupported dtype '" + s + "'");
+}
+
+}  // namespace jaxdnn::ffi_util

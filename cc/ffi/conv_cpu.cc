@@ -1,0 +1,53 @@
+// XLA:CPU handlers for the three conv directions: decode, pick the named algorithm, run it on
+// the intra-op thread pool.
+
+#include <string>
+
+#include "cc/conv/cpu_algorithms.h"
+#include "cc/ffi/conv_common.h"
+#include "cc/ffi/cpu_parallel.h"
+#include "cc/ffi/handlers.h"
+
+namespace jaxdnn::ffi_util {
+namespace {
+
+template <conv::Direction kDir>
+ffi::Error ConvCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                   ffi::Result<ffi::AnyBuffer> result, I64Span stride, I64Span pad_lo,
+                   I64Span pad_hi, I64Span lhs_dilation, I64Span rhs_dilation, int64_t groups,
+                   std::string_view algo) {
+  conv::Args args;
+  std::string err = make_args(kDir, a, b, *result,
+                              {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups}, &args);
+  if (!err.empty()) return invalid("jaxdnn conv " + std::string(conv::direction_name(kDir)) + ": " + err);
+  const conv::CpuAlgorithm* alg = conv::find_cpu_algorithm(std::string(algo).c_str());
+  if (alg == nullptr) return invalid("jaxdnn conv: unknown CPU algorithm '" + std::string(algo) + "'");
+  Support sup = alg->supports(args);
+  if (!sup.ok) return invalid("jaxdnn conv " + std::string(algo) + ": " + sup.reason);
+  if (result->element_count() == 0) return ffi::Error::Success();
+  conv::Buffers bufs;
+  bufs.result = result->untyped_data();
+  switch (kDir) {
+    case conv::Direction::kFwd: bufs.x = a.untyped_data(); bufs.w = b.untyped_data(); break;
+    case conv::Direction::kBwdData: bufs.y = a.untyped_data(); bufs.w = b.untyped_data(); break;
+    case conv::Direction::kBwdFilter: bufs.x = a.untyped_data(); bufs.y = b.untyped_data(); break;
+  }
+  return to_error(alg->run(args, bufs, FfiParallel(pool)));
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER(kConvFwdCpu, ConvCpu<conv::Direction::kFwd>,
+                       bind_conv(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER(kConvBwdDataCpu, ConvCpu<conv::Direction::kBwdData>,
+                       bind_conv(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER(kConvBwdFilterCpu, ConvCpu<conv::Direction::kBwdFilter>,
+                       bind_conv(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+
+void add_conv_cpu_handlers(HandlerList& out) {
+  out.push_back({"jaxdnn_conv_fwd", kConvFwdCpu});
+  out.push_back({"jaxdnn_conv_bwd_data", kConvBwdDataCpu});
+  out.push_back({"jaxdnn_conv_bwd_filter", kConvBwdFilterCpu});
+}
+
+}  // namespace jaxdnn::ffi_util

@@ -1,0 +1,43 @@
+"""jaxdnn: deep-learning primitives for JAX on our own CPU and CUDA kernels.
+
+Every op is a JAX primitive lowered to an XLA FFI custom call, so it works under ``jit``,
+``grad``, ``jvp``, ``vmap`` and higher-order derivatives like a ``jax.lax`` op.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import _ffi  # noqa: F401  (registers every FFI target)
+from .algo import AlgoInfo
+from .ops.conv import ConvSpec, conv, conv_general_dilated, conv_transpose
+
+
+def build_info() -> dict:
+    """How this copy of jaxdnn was built, and what it runs on."""
+    import jax
+    import jaxlib
+
+    from . import _build_config
+
+    return {
+        "version": __version__,
+        "cuda": _build_config.CUDA,
+        "cuda_architectures": _build_config.CUDA_ARCHITECTURES,
+        "cuda_compiler_version": _build_config.CUDA_COMPILER_VERSION or None,
+        "ffi_api_version": tuple(_ffi._cpu.ffi_api_version()),
+        "built_with_jax": _build_config.BUILD_JAX_VERSION,
+        "built_with_jaxlib": _build_config.BUILD_JAXLIB_VERSION,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+    }
+
+
+__all__ = [
+    "AlgoInfo",
+    "ConvSpec",
+    "build_info",
+    "conv",
+    "conv_general_dilated",
+    "conv_transpose",
+]

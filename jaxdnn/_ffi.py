@@ -1,0 +1,83 @@
+"""Loading the compiled modules, registering their FFI targets, and lowering helpers.
+
+`jaxdnn._cpu` is always built; `jaxdnn._cuda` exists when the package was built with nvcc.
+Every target is registered for the CPU and, when built, for ``platform="CUDA"`` (registration
+for a platform whose backend is not up yet is queued by jax, so this is safe on CPU-only jax).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.interpreters import mlir
+
+from . import _build_config, _cpu
+
+try:
+    from . import _cuda
+except ImportError:  # built without CUDA
+    _cuda = None
+
+PLATFORMS = ("cpu", "cuda")
+
+
+def _register_all() -> None:
+    for name, capsule in _cpu.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+    if _cuda is not None:
+        for name, capsule in _cuda.registrations().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+
+
+_register_all()
+
+
+def module_for(platform: str):
+    """The compiled module that serves `platform` ("cpu" or "cuda")."""
+    if platform == "cpu":
+        return _cpu
+    if platform == "cuda":
+        if _cuda is None:
+            raise RuntimeError(
+                "jaxdnn was built without CUDA support, so it cannot run on a GPU. Reinstall "
+                "on a machine with nvcc (the build detects it) or with JAXDNN_CUDA=ON; see "
+                "jaxdnn.build_info().")
+        return _cuda
+    raise NotImplementedError(f"jaxdnn has no kernels for platform {platform!r}")
+
+
+def attr(value: Any):
+    """Converts a Python attribute to the exact numpy type its handler decodes (XLA FFI
+    attribute types are strict: a Python float would arrive as f64, an int as i64)."""
+    if isinstance(value, (bool, np.bool_)):
+        return np.bool_(value)
+    if isinstance(value, (int, np.integer)):
+        return np.int64(value)
+    if isinstance(value, (float, np.floating)):
+        return np.float32(value)
+    if isinstance(value, (tuple, list)):
+        return np.asarray(value, dtype=np.int64)
+    return value
+
+
+def lowering(target: str, attrs_fn):
+    """Builds a per-platform lowering rule for `target`. ``attrs_fn(platform, ctx, **params)``
+    returns the handler attributes (it may raise a Python error, which surfaces at trace
+    time)."""
+
+    def make(platform: str):
+        def rule(ctx, *args, **params):
+            module_for(platform)
+            attrs = {k: attr(v) for k, v in attrs_fn(platform, ctx, **params).items()}
+            return jax.ffi.ffi_lowering(target)(ctx, *args, **attrs)
+
+        return rule
+
+    return make
+
+
+def register_lowerings(prim, make_rule) -> None:
+    for platform in PLATFORMS:
+        mlir.register_lowering(prim, make_rule(platform), platform=platform)

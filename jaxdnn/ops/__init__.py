@@ -1,0 +1,1 @@
+"""jaxdnn's op families; the public names are re-exported by :mod:`jaxdnn`."""

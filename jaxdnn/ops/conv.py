@@ -1,0 +1,598 @@
+"""Convolution: public API, primitives, autodiff and batching rules.
+
+Three primitives, one per direction, all on canonical rank-5 channels-last operands
+(``cc/conv/conv.h``)::
+
+    conv_fwd_p(x, w)         -> y     x (N, D, H, W, C), w (T, R, S, Cg, K), y (N, Z, P, Q, K)
+    conv_bwd_data_p(dy, w)   -> dx
+    conv_bwd_filter_p(x, dy) -> dw
+
+Each is bilinear and its transposes are the other two, so ``grad``, ``jvp``, ``jacfwd``,
+``hessian`` and ``vmap(grad)`` all follow from three transpose rules, as in
+``jax/_src/lax/convolution.py``. The public functions turn any layout, 1-D/2-D/3-D problem,
+``batch_group_count`` and ``preferred_element_type`` into this form with transposes and
+reshapes (free when the caller already uses channels-last), and check every argument at trace
+time so bad input raises a ``ValueError``/``TypeError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.core import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, xla
+
+from .. import _ffi
+from ..algo import DIRECTIONS, select_conv_algorithm
+
+SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16,
+                                                jnp.bfloat16))
+_CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
+_CHANNELS_FIRST = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
+
+
+# ----------------------------------------------------------------------------------------------
+# The problem descriptor
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ConvSpec:
+    """A canonical 3-D convolution problem (shapes of x and w plus the window)."""
+
+    lhs_shape: tuple[int, int, int, int, int]  # (N, D, H, W, C)
+    rhs_shape: tuple[int, int, int, int, int]  # (T, R, S, Cg, K)
+    stride: tuple[int, int, int]
+    padding: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+    lhs_dilation: tuple[int, int, int]
+    rhs_dilation: tuple[int, int, int]
+    groups: int
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        n, *spatial, _ = self.lhs_shape
+        out = []
+        for i, f, s, (lo, hi), ld, rd in zip(spatial, self.rhs_shape[:3], self.stride,
+                                               self.padding, self.lhs_dilation,
+                                               self.rhs_dilation):
+            in_d = 0 if i == 0 else (i - 1) * ld + 1
+            f_d = 0 if f == 0 else (f - 1) * rd + 1
+            span = in_d + lo + hi - f_d
+            out.append(0 if span < 0 else span // s + 1)
+        return (n, *out, self.rhs_shape[4])
+
+    def macs(self) -> int:
+        t, r, s, cg, _ = self.rhs_shape
+        return int(np.prod(self.out_shape)) * t * r * s * cg
+
+    def encode(self) -> list[int]:
+        """The 31-int form the C++ modules decode (cc/ffi/conv_common.h: decode_problem)."""
+        n, d, h, w, c = self.lhs_shape
+        t, r, s, _, k = self.rhs_shape
+        return [n, c, k, self.groups, d, h, w, t, r, s, *self.out_shape[1:4], *self.stride,
+                *(lo for lo, _ in self.padding), *(hi for _, hi in self.padding),
+                *self.lhs_dilation, *self.rhs_dilation]
+
+    def replace(self, **changes) -> ConvSpec:
+        return dataclasses.replace(self, **changes)
+
+
+# ----------------------------------------------------------------------------------------------
+# Primitives
+# ----------------------------------------------------------------------------------------------
+
+conv_fwd_p = Primitive("jaxdnn_conv_fwd")
+conv_bwd_data_p = Primitive("jaxdnn_conv_bwd_data")
+conv_bwd_filter_p = Primitive("jaxdnn_conv_bwd_filter")
+_PRIMS = {"fwd": conv_fwd_p, "bwd_data": conv_bwd_data_p, "bwd_filter": conv_bwd_filter_p}
+
+
+def _shapes(direction: str, spec: ConvSpec):
+    """(a shape, b shape, result shape) of a direction's operands."""
+    x, w, y = spec.lhs_shape, spec.rhs_shape, spec.out_shape
+    return {"fwd": (x, w, y), "bwd_data": (y, w, x), "bwd_filter": (x, y, w)}[direction]
+
+
+def _abstract_eval(direction, a, b, *, spec, algo, out_dtype):
+    want_a, want_b, result = _shapes(direction, spec)
+    if tuple(a.shape) != want_a or tuple(b.shape) != want_b or a.dtype != b.dtype:
+        raise TypeError(f"jaxdnn conv {direction}: operands {a.str_short()}, {b.str_short()} do "
+                        f"not match the problem {spec}")
+    return ShapedArray(result, out_dtype)
+
+
+def _conv_attrs(direction):
+    def attrs(platform, ctx, *, spec, algo, out_dtype):
+        forced = algo[DIRECTIONS.index(direction)]
+        name = select_conv_algorithm(spec, direction, ctx.avals_in[0].dtype, out_dtype, platform,
+                                     forced)
+        return dict(stride=spec.stride, pad_lo=[lo for lo, _ in spec.padding],
+                    pad_hi=[hi for _, hi in spec.padding], lhs_dilation=spec.lhs_dilation,
+                    rhs_dilation=spec.rhs_dilation, groups=spec.groups, algo=name)
+    return attrs
+
+
+for _dir, _prim in _PRIMS.items():
+    _prim.def_impl(partial(xla.apply_primitive, _prim))
+    _prim.def_abstract_eval(partial(_abstract_eval, _dir))
+    _ffi.register_lowerings(_prim, _ffi.lowering(f"jaxdnn_conv_{_dir}", _conv_attrs(_dir)))
+
+
+def _bind(direction, a, b, *, spec, algo, out_dtype):
+    return _PRIMS[direction].bind(a, b, spec=spec, algo=algo, out_dtype=np.dtype(out_dtype))
+
+
+# Transposes. With <.,.> the elementwise inner product:
+#   <ct, fwd(x, w)>        = <bwd_data(ct, w), x>   = <bwd_filter(x, ct), w>
+#   <ct, bwd_data(dy, w)>  = <fwd(ct, w), dy>       = <bwd_filter(ct, dy), w>
+#   <ct, bwd_filter(x, dy)> = <bwd_data(dy, ct), x> = <fwd(x, ct), dy>
+# The cotangent is cast to the operands' dtype (they share one), so mixed-precision outputs
+# (bf16 in, f32 out) transpose into bf16 kernels.
+
+def _transpose_rule(direction, which):
+    def rule(ct, a, b, *, spec, algo, out_dtype):
+        dt = a.aval.dtype if ad.is_undefined_primal(a) else b.aval.dtype
+        ct = lax.convert_element_type(ct, dt)
+        kw = dict(spec=spec, algo=algo, out_dtype=dt)
+        if direction == "fwd":  # a = x, b = w
+            return (_bind("bwd_data", ct, b, **kw) if which == 0 else
+                    _bind("bwd_filter", a, ct, **kw))
+        if direction == "bwd_data":  # a = dy, b = w
+            return (_bind("fwd", ct, b, **kw) if which == 0 else
+                    _bind("bwd_filter", ct, a, **kw))
+        # bwd_filter: a = x, b = dy
+        return (_bind("bwd_data", b, ct, **kw) if which == 0 else
+                _bind("fwd", a, ct, **kw))
+    return rule
+
+
+for _dir, _prim in _PRIMS.items():
+    ad.defbilinear(_prim, _transpose_rule(_dir, 0), _transpose_rule(_dir, 1))
+
+
+# Batching. A mapped axis is folded into the problem, never looped over:
+#   only the activation-like operand mapped (x of fwd, dy of bwd_data) -> into the batch N;
+#   only the other operand mapped -> into the channels inside each group;
+#   both mapped -> into the groups (groups *= B).
+
+def _fold_in_groups(a, groups):
+    """(B, *rest, G*X) -> (*rest, G*B*X), each group's B copies side by side."""
+    b, *rest, gx = a.shape
+    a = a.reshape(b, *rest, groups, gx // groups)
+    a = jnp.moveaxis(a, 0, -2)
+    return a.reshape(*rest, groups * b * (gx // groups))
+
+
+def _unfold_in_groups(a, b, groups):
+    """(*rest, G*B*X) -> (B, *rest, G*X); inverse of _fold_in_groups."""
+    *rest, gbx = a.shape
+    x = gbx // (groups * b)
+    a = a.reshape(*rest, groups, b, x)
+    a = jnp.moveaxis(a, -2, 0)
+    return a.reshape(b, *rest, groups * x)
+
+
+def _fold_batch(a):
+    return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
+
+
+def _filter_in_channels_fold(w):
+    """(B, T, R, S, Cg, K) -> (T, R, S, B*Cg, K)."""
+    b, t, r, s, cg, k = w.shape
+    return jnp.moveaxis(w, 0, 3).reshape(t, r, s, b * cg, k)
+
+
+def _filter_in_channels_unfold(w, b):
+    """(T, R, S, B*Cg, K) -> (B, T, R, S, Cg, K)."""
+    t, r, s, bcg, k = w.shape
+    return jnp.moveaxis(w.reshape(t, r, s, b, bcg // b, k), 3, 0)
+
+
+def _batch_rule(direction):
+    def rule(args, dims, *, spec, algo, out_dtype):
+        a, b = (x if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims))
+        size = a.shape[0] if dims[0] is not None else b.shape[0]
+        g = spec.groups
+        kw = dict(algo=algo, out_dtype=out_dtype)
+        n, d, h, w_, c = spec.lhs_shape
+        t, r, s, cg, k = spec.rhs_shape
+        if dims[0] is not None and dims[1] is not None:  # both mapped: into the groups
+            fa, fb = _fold_in_groups(a, 1), _fold_in_groups(b, 1)
+            new = spec.replace(lhs_shape=(n, d, h, w_, size * c),
+                               rhs_shape=(t, r, s, cg, size * k), groups=size * g)
+            return _unfold_in_groups(_bind(direction, fa, fb, spec=new, **kw), size, 1), 0
+        if direction == "fwd":
+            if dims[1] is None:  # x mapped
+                new = spec.replace(lhs_shape=(size * n, d, h, w_, c))
+                out = _bind("fwd", _fold_batch(a), b, spec=new, **kw)
+                return out.reshape(size, n, *out.shape[1:]), 0
+            new = spec.replace(rhs_shape=(t, r, s, cg, size * k))  # w mapped
+            return _unfold_in_groups(_bind("fwd", a, _fold_in_groups(b, g), spec=new, **kw),
+                                     size, g), 0
+        if direction == "bwd_data":
+            if dims[1] is None:  # dy mapped
+                new = spec.replace(lhs_shape=(size * n, d, h, w_, c))
+                out = _bind("bwd_data", _fold_batch(a), b, spec=new, **kw)
+                return out.reshape(size, n, *out.shape[1:]), 0
+            new = spec.replace(lhs_shape=(n, d, h, w_, size * c),  # w mapped
+                               rhs_shape=(t, r, s, size * cg, k))
+            out = _bind("bwd_data", a, _filter_in_channels_fold(b), spec=new, **kw)
+            return _unfold_in_groups(out, size, g), 0
+        # bwd_filter
+        if dims[1] is None:  # x mapped
+            new = spec.replace(lhs_shape=(n, d, h, w_, size * c), rhs_shape=(t, r, s, size * cg, k))
+            out = _bind("bwd_filter", _fold_in_groups(a, g), b, spec=new, **kw)
+            return _filter_in_channels_unfold(out, size), 0
+        new = spec.replace(rhs_shape=(t, r, s, cg, size * k))  # dy mapped
+        out = _bind("bwd_filter", a, _fold_in_groups(b, g), spec=new, **kw)
+        return _unfold_in_groups(out, size, g), 0
+    return rule
+
+
+for _dir, _prim in _PRIMS.items():
+    batching.primitive_batchers[_prim] = _batch_rule(_dir)
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checking and canonicalisation
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Names:
+    """How the calling API names its arguments, for error messages."""
+
+    api: str
+    lhs: str
+    rhs: str
+    stride: str
+    padding: str
+    lhs_dilation: str
+    rhs_dilation: str
+    groups: str
+
+
+_LAX_NAMES = _Names("jaxdnn.conv_general_dilated", "lhs", "rhs", "window_strides", "padding",
+                    "lhs_dilation", "rhs_dilation", "feature_group_count")
+_CONV_NAMES = _Names("jaxdnn.conv", "x", "w", "stride", "padding", "lhs_dilation", "dilation",
+                     "groups")
+
+
+def _check_dtypes(lhs, rhs, names: _Names):
+    for arr, nm in ((lhs, names.lhs), (rhs, names.rhs)):
+        if np.dtype(arr.dtype) not in SUPPORTED_DTYPES:
+            raise TypeError(f"{names.api}: `{nm}` has dtype {arr.dtype}; supported dtypes are "
+                            "float32, float64, float16 and bfloat16")
+    if lhs.dtype != rhs.dtype:
+        raise TypeError(f"{names.api}: `{names.lhs}` and `{names.rhs}` must have the same dtype, "
+                        f"got {lhs.dtype} and {rhs.dtype}")
+
+
+def _int_tuple(value, nd, name, names: _Names, *, minimum):
+    if value is None:
+        value = 1
+    if isinstance(value, (int, np.integer)):
+        value = (int(value),) * nd
+    try:
+        value = tuple(operator.index(v) for v in value)
+    except TypeError as e:
+        raise TypeError(f"{names.api}: `{name}` must be an int or a sequence of {nd} ints, "
+                        f"got {value!r}") from e
+    if len(value) != nd:
+        raise ValueError(f"{names.api}: `{name}` must have {nd} entries (one per spatial "
+                         f"dimension), got {value!r}")
+    if any(v < minimum for v in value):
+        raise ValueError(f"{names.api}: `{name}` entries must be >= {minimum}, got {value!r}")
+    return value
+
+
+def _padding_pairs(padding, nd, names: _Names, *, allow_negative: bool):
+    if isinstance(padding, (int, np.integer)):
+        padding = [(int(padding), int(padding))] * nd
+    try:
+        pairs = tuple((operator.index(lo), operator.index(hi)) for lo, hi in padding)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{names.api}: `{names.padding}` must be 'SAME', 'VALID', an int or a "
+                         f"sequence of {nd} (low, high) pairs, got {padding!r}") from e
+    if len(pairs) != nd:
+        raise ValueError(f"{names.api}: `{names.padding}` must have {nd} (low, high) pairs, got "
+                         f"{padding!r}")
+    if not allow_negative and any(lo < 0 or hi < 0 for lo, hi in pairs):
+        raise ValueError(f"{names.api}: `{names.padding}` must not be negative, got {padding!r}")
+    return pairs
+
+
+def _resolve_out_dtype(in_dtype, preferred, names: _Names):
+    """(dtype the kernels read, dtype they write) for `preferred_element_type`."""
+    in_dtype = np.dtype(in_dtype)
+    if preferred is None:
+        return in_dtype, in_dtype
+    pref = np.dtype(preferred)
+    if pref not in SUPPORTED_DTYPES:
+        raise TypeError(f"{names.api}: `preferred_element_type` must be a float dtype "
+                        f"(float16/bfloat16/float32/float64), got {pref}")
+    if pref.itemsize < in_dtype.itemsize:
+        raise TypeError(f"{names.api}: `preferred_element_type` {pref} is narrower than the "
+                        f"input dtype {in_dtype}")
+    if pref == in_dtype or (pref == np.float32 and in_dtype.itemsize == 2):
+        return in_dtype, pref  # same dtype, or 16-bit in / float32 out: native kernels
+    if pref.itemsize >= 4:
+        return pref, pref  # wider result: compute in it
+    raise TypeError(f"{names.api}: `preferred_element_type` {pref} is not supported for "
+                    f"{in_dtype} inputs")
+
+
+def _normalise_algo(algo):
+    """`algo` is None, one name for every direction, or a dict direction -> name."""
+    if algo is None:
+        return (None, None, None)
+    if isinstance(algo, str):
+        return (algo, algo, algo)
+    if isinstance(algo, dict):
+        unknown = set(algo) - set(DIRECTIONS)
+        if unknown:
+            raise ValueError(f"jaxdnn: `algo` keys must be in {DIRECTIONS}, got {sorted(unknown)}")
+        return tuple(algo.get(d) for d in DIRECTIONS)
+    raise TypeError(f"jaxdnn: `algo` must be None, an algorithm name or a dict, got {algo!r}")
+
+
+def _canonical_problem(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilation,
+                       feature_group_count, batch_group_count, names: _Names, *,
+                       allow_negative_padding: bool):
+    """Transposes/reshapes lhs and rhs to canonical 5-D and builds the ConvSpec. Returns
+    (x, w, spec, finish) where finish(y) maps the canonical result back to the caller's
+    layout."""
+    nd = lhs.ndim - 2
+    if not 0 <= nd <= 3:
+        raise ValueError(f"{names.api}: `{names.lhs}` must have 1 to 3 spatial dimensions "
+                         f"(rank 3 to 5), got rank {lhs.ndim}")
+    lhs_spec, rhs_spec, out_spec = dnums
+    strides = _int_tuple(window_strides, nd, names.stride, names, minimum=1)
+    lhs_dil = _int_tuple(lhs_dilation, nd, names.lhs_dilation, names, minimum=1)
+    rhs_dil = _int_tuple(rhs_dilation, nd, names.rhs_dilation, names, minimum=1)
+    for value, name in ((feature_group_count, names.groups),
+                        (batch_group_count, "batch_group_count")):
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{names.api}: `{name}` must be a positive int, got {value!r}")
+    if feature_group_count > 1 and batch_group_count > 1:
+        raise ValueError(f"{names.api}: at most one of `{names.groups}` and `batch_group_count` "
+                         "may be > 1")
+
+    x = jnp.transpose(lhs, (lhs_spec[0], *lhs_spec[2:], lhs_spec[1]))  # (N, spatial..., C)
+    w = jnp.transpose(rhs, (*rhs_spec[2:], rhs_spec[1], rhs_spec[0]))  # (spatial..., I, O)
+    n, c = x.shape[0], x.shape[-1]
+    cin, k = w.shape[-2], w.shape[-1]
+    if isinstance(padding, str):
+        if any(d != 1 for d in lhs_dil):
+            raise ValueError(f"{names.api}: string padding is not supported with "
+                             f"`{names.lhs_dilation}`; give explicit (low, high) pairs")
+        eff = [(f - 1) * r + 1 if f else 0 for f, r in zip(w.shape[:nd], rhs_dil)]
+        try:
+            padding = lax.padtype_to_pads(x.shape[1:1 + nd], eff, strides, padding)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"{names.api}: `{names.padding}` string must be 'SAME', "
+                             f"'SAME_LOWER' or 'VALID', got {padding!r}") from e
+    pads = _padding_pairs(padding, nd, names, allow_negative=allow_negative_padding)
+
+    g, bg = int(feature_group_count), int(batch_group_count)
+    if c % g:
+        raise ValueError(f"{names.api}: `{names.groups}`={g} must divide the {c} input "
+                         f"channels of `{names.lhs}`")
+    if cin * g != c:
+        raise ValueError(f"{names.api}: channel mismatch: `{names.lhs}` has {c} channels, so "
+                         f"`{names.rhs}` needs {c // g} input channels with "
+                         f"`{names.groups}`={g}, but it has {cin}")
+    if k % (g * bg):
+        what = names.groups if g > 1 else "batch_group_count"
+        raise ValueError(f"{names.api}: `{what}`={g * bg} must divide the {k} output channels "
+                         f"of `{names.rhs}`")
+    if n % bg:
+        raise ValueError(f"{names.api}: `batch_group_count`={bg} must divide the batch size "
+                         f"{n} of `{names.lhs}`")
+
+    pad3 = (1,) * (3 - nd)
+    x = x.reshape(n, *pad3, *x.shape[1:])
+    w = w.reshape(*pad3, *w.shape)
+    groups = g
+    if bg > 1:  # batch groups become feature groups: batch group i -> channel block i
+        x = _fold_in_groups(x.reshape(bg, n // bg, *x.shape[1:]), 1)
+        groups = bg
+    spec = ConvSpec(lhs_shape=tuple(x.shape), rhs_shape=tuple(w.shape),
+                    stride=(1,) * (3 - nd) + strides,
+                    padding=((0, 0),) * (3 - nd) + pads,
+                    lhs_dilation=(1,) * (3 - nd) + lhs_dil,
+                    rhs_dilation=(1,) * (3 - nd) + rhs_dil, groups=groups)
+
+    def finish(y):
+        y = y.reshape(y.shape[0], *y.shape[4 - nd:4], y.shape[4])  # drop the padded dims
+        perm = [0] * (nd + 2)
+        perm[out_spec[0]], perm[out_spec[1]] = 0, nd + 1
+        for i in range(nd):
+            perm[out_spec[2 + i]] = 1 + i
+        return jnp.transpose(y, perm)
+
+    return x, w, spec, finish
+
+
+def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilation,
+               feature_group_count, batch_group_count, preferred_element_type, algo,
+               names: _Names, *, allow_negative_padding: bool):
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    _check_dtypes(lhs, rhs, names)
+    try:
+        dnums = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dnums)
+    except TypeError as e:
+        raise TypeError(f"{names.api}: {e}") from None
+    compute, out_dtype = _resolve_out_dtype(lhs.dtype, preferred_element_type, names)
+    x, w, spec, finish = _canonical_problem(
+        lhs.astype(compute), rhs.astype(compute), dnums, window_strides, padding, lhs_dilation,
+        rhs_dilation, feature_group_count, batch_group_count, names,
+        allow_negative_padding=allow_negative_padding)
+    y = _bind("fwd", x, w, spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype)
+    return finish(y)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding,
+                         lhs_dilation: Sequence[int] | None = None,
+                         rhs_dilation: Sequence[int] | None = None, dimension_numbers=None,
+                         feature_group_count: int = 1, batch_group_count: int = 1,
+                         precision=None, preferred_element_type=None, *, algo=None):
+    """Drop-in for :func:`jax.lax.conv_general_dilated`, running jaxdnn's kernels.
+
+    Every argument has lax's meaning (negative padding included). ``precision`` is accepted
+    for compatibility; the current algorithms compute in full precision. ``algo`` (jaxdnn only)
+    forces an algorithm: one name for all three directions, or a dict such as
+    ``{"fwd": "direct"}``.
+    """
+    _check_precision(precision)
+    return _conv_core(lhs, rhs, dimension_numbers, window_strides, padding, lhs_dilation,
+                      rhs_dilation, feature_group_count, batch_group_count,
+                      preferred_element_type, algo, _LAX_NAMES, allow_negative_padding=True)
+
+
+def _layouts(layout, ndim, api):
+    if layout is None:
+        if ndim - 2 not in _CHANNELS_LAST:
+            raise ValueError(f"{api}: `x` must have rank 3, 4 or 5, got rank {ndim}")
+        layout = _CHANNELS_LAST[ndim - 2]
+    if layout in _CHANNELS_LAST.values():
+        spatial = layout[1:-1]
+        return layout, spatial + "IO"
+    if layout in _CHANNELS_FIRST.values():
+        return layout, "OI" + layout[2:]
+    raise ValueError(f"{api}: `layout` must be one of "
+                     f"{sorted([*_CHANNELS_LAST.values(), *_CHANNELS_FIRST.values()])}, got "
+                     f"{layout!r}")
+
+
+def _check_precision(precision):
+    if precision is None or isinstance(precision, (str, lax.Precision)):
+        return
+    if isinstance(precision, (tuple, list)) and len(precision) == 2:
+        return
+    raise TypeError(f"jaxdnn: `precision` must be None, a jax.lax.Precision, a string or a "
+                    f"pair of them, got {precision!r}")
+
+
+def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, layout: str | None = None,
+         algo=None, precision=None, preferred_element_type=None):
+    """N-D convolution (1-D, 2-D or 3-D), channels-last by default.
+
+    Args:
+      x: input, ``NWC``/``NHWC``/``NDHWC`` (or channels-first with ``layout=``).
+      w: filter, ``W..IO`` (e.g. ``HWIO``) for channels-last layouts, ``OI..`` for
+        channels-first; ``I`` is the number of input channels per group.
+      stride, dilation: an int or one int per spatial dimension (``dilation`` dilates the
+        filter).
+      padding: ``"SAME"``, ``"VALID"``, an int, or one ``(low, high)`` pair per spatial dim.
+      groups: feature groups; ``groups == C`` is a depthwise convolution.
+      layout: one of ``NWC NCW NHWC NCHW NDHWC NCDHW``; default: channels-last of x's rank.
+      algo: force an algorithm (see :func:`jaxdnn.conv_algorithms`).
+      precision: accepted for ``jax.lax`` compatibility.
+      preferred_element_type: output dtype (e.g. float32 for bfloat16 inputs).
+    """
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    if x.ndim != w.ndim:
+        raise ValueError(f"jaxdnn.conv: `x` has rank {x.ndim} but `w` has rank {w.ndim}; they "
+                         "must match")
+    lhs_layout, rhs_layout = _layouts(layout, x.ndim, "jaxdnn.conv")
+    if len(lhs_layout) != x.ndim:
+        raise ValueError(f"jaxdnn.conv: `layout` {lhs_layout!r} does not match the rank "
+                         f"{x.ndim} of `x`")
+    _check_precision(precision)
+    return _conv_core(x, w, (lhs_layout, rhs_layout, lhs_layout), stride, padding, None,
+                      dilation, groups, 1, preferred_element_type, algo, _CONV_NAMES,
+                      allow_negative_padding=False)
+
+
+def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups: int = 1,
+                   layout: str | None = None, algo=None, precision=None,
+                   preferred_element_type=None):
+    """Transposed convolution: the gradient of :func:`conv` with respect to its input.
+
+    ``w`` has the layout of the forward convolution whose input gradient this is (``HWIO`` for
+    ``NHWC``): ``I`` is this op's output channels per group and ``O`` the channels of ``x``.
+    The output size along each axis is ``(in - 1) * stride - pad_lo - pad_hi +
+    dilation * (kernel - 1) + 1 + output_padding`` (PyTorch's ``ConvTranspose`` arithmetic);
+    ``"SAME"`` gives ``in * stride`` and ``"VALID"`` no padding. Runs the backward-data kernels.
+    """
+    api = "jaxdnn.conv_transpose"
+    names = dataclasses.replace(_CONV_NAMES, api=api)
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    if x.ndim != w.ndim:
+        raise ValueError(f"{api}: `x` has rank {x.ndim} but `w` has rank {w.ndim}; they must "
+                         "match")
+    _check_dtypes(x, w, names)
+    _check_precision(precision)
+    lhs_layout, rhs_layout = _layouts(layout, x.ndim, api)
+    if len(lhs_layout) != x.ndim:
+        raise ValueError(f"{api}: `layout` {lhs_layout!r} does not match the rank {x.ndim} of `x`")
+    nd = x.ndim - 2
+    dnums = lax.conv_dimension_numbers(x.shape, w.shape, (lhs_layout, rhs_layout, lhs_layout))
+    compute, out_dtype = _resolve_out_dtype(x.dtype, preferred_element_type, names)
+    strides = _int_tuple(stride, nd, "stride", names, minimum=1)
+    dil = _int_tuple(dilation, nd, "dilation", names, minimum=1)
+    out_pad = _int_tuple(output_padding, nd, "output_padding", names, minimum=0)
+    if any(op >= s and op >= d for op, s, d in zip(out_pad, strides, dil)):
+        raise ValueError(f"{api}: `output_padding` must be smaller than `stride` or `dilation`, "
+                         f"got {out_pad}")
+    # Canonical views: dy-like input (N, spatial..., K) and the forward filter (spatial.., I, O).
+    lhs_spec, rhs_spec, _ = dnums
+    xc = jnp.transpose(x, (lhs_spec[0], *lhs_spec[2:], lhs_spec[1])).astype(compute)
+    wc = jnp.transpose(w, (*rhs_spec[2:], rhs_spec[1], rhs_spec[0])).astype(compute)
+    in_sp, ksz = xc.shape[1:1 + nd], wc.shape[:nd]
+    eff = [(f - 1) * d + 1 for f, d in zip(ksz, dil)]
+    if isinstance(padding, str):
+        if padding.upper() == "VALID":
+            pads = [(0, 0)] * nd
+        elif padding.upper() == "SAME":  # output size in * stride
+            pads = [((e - s) // 2, (e - s) - (e - s) // 2) if e >= s else (0, 0)
+                    for s, e in zip(strides, eff)]
+            out_pad = tuple(op + max(s - e, 0) for op, s, e in zip(out_pad, strides, eff))
+        else:
+            raise ValueError(f"{api}: `padding` string must be 'SAME' or 'VALID', got {padding!r}")
+    else:
+        pads = list(_padding_pairs(padding, nd, names, allow_negative=False))
+    out_sp = [(i - 1) * s - lo - hi + e + op
+              for i, s, (lo, hi), e, op in zip(in_sp, strides, pads, eff, out_pad)]
+    if any(o < 0 for o in out_sp):
+        raise ValueError(f"{api}: the padding {pads} leaves a negative output size {out_sp}")
+    # The forward problem whose input gradient this is: input size out_sp, output size in_sp.
+    # Its high padding absorbs output_padding so that the forward output size is exactly in_sp.
+    fwd_pads = [(lo, hi - op) for (lo, hi), op in zip(pads, out_pad)]
+    kch, cin_g = xc.shape[-1], wc.shape[-2]
+    g = groups
+    if not isinstance(g, (int, np.integer)) or g < 1:
+        raise ValueError(f"{api}: `groups` must be a positive int, got {g!r}")
+    if wc.shape[-1] != kch:
+        raise ValueError(f"{api}: channel mismatch: `x` has {kch} channels but `w` has "
+                         f"{wc.shape[-1]} output (O) channels of the forward convolution")
+    if kch % g:
+        raise ValueError(f"{api}: `groups`={g} must divide the {kch} channels of `x`")
+    pad3 = (1,) * (3 - nd)
+    n = xc.shape[0]
+    spec = ConvSpec(lhs_shape=(n, *pad3, *out_sp, cin_g * g),
+                    rhs_shape=(*pad3, *wc.shape),
+                    stride=pad3 + strides, padding=((0, 0),) * (3 - nd) + tuple(fwd_pads),
+                    lhs_dilation=(1, 1, 1), rhs_dilation=pad3 + dil, groups=int(g))
+    if spec.out_shape[1:4] != (*pad3, *in_sp):
+        raise ValueError(f"{api}: the padding {pads} and output_padding {out_pad} are "
+                         f"inconsistent with the input size {tuple(in_sp)}")
+    y = _bind("bwd_data", xc.reshape(n, *pad3, *xc.shape[1:]), wc.reshape(*pad3, *wc.shape),
+              spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype)
+    y = y.reshape(n, *out_sp, cin_g * g)
+    perm = [0] * (nd + 2)
+    perm[lhs_spec[0]], perm[lhs_spec[1]] = 0, nd + 1
+    for i in range(nd):
+        perm[lhs_spec[2 + i]] = 1 + i
+    return jnp.transpose(y, perm)
