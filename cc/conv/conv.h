@@ -51,16 +51,16 @@ struct Problem {
   int64_t lhs_dil[3] = {1, 1, 1};
   int64_t rhs_dil[3] = {1, 1, 1};
 
-  int64_t Cg() const { return C / G; }
-  int64_t Kg() const { return K / G; }
-  int64_t in_spatial() const { return in[0] * in[1] * in[2]; }
-  int64_t out_spatial() const { return out[0] * out[1] * out[2]; }
-  int64_t filt_spatial() const { return filt[0] * filt[1] * filt[2]; }
-  int64_t x_elems() const { return N * in_spatial() * C; }
-  int64_t w_elems() const { return filt_spatial() * Cg() * K; }
-  int64_t y_elems() const { return N * out_spatial() * K; }
+  JAXDNN_HD int64_t Cg() const { return C / G; }
+  JAXDNN_HD int64_t Kg() const { return K / G; }
+  JAXDNN_HD int64_t in_spatial() const { return in[0] * in[1] * in[2]; }
+  JAXDNN_HD int64_t out_spatial() const { return out[0] * out[1] * out[2]; }
+  JAXDNN_HD int64_t filt_spatial() const { return filt[0] * filt[1] * filt[2]; }
+  JAXDNN_HD int64_t x_elems() const { return N * in_spatial() * C; }
+  JAXDNN_HD int64_t w_elems() const { return filt_spatial() * Cg() * K; }
+  JAXDNN_HD int64_t y_elems() const { return N * out_spatial() * K; }
   // Multiply-adds of one direction (all three are equal): N*Z*P*Q*K * T*R*S*Cg.
-  double macs() const { return double(y_elems()) * double(filt_spatial() * Cg()); }
+  JAXDNN_HD double macs() const { return double(y_elems()) * double(filt_spatial() * Cg()); }
 };
 
 // The dilated-input coordinate read by output o and tap f along `axis`; see the header.

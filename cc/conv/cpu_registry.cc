@@ -1,4 +1,4 @@
-#include <cstring>
+#include "cc/common/registry.h"
 
 #include "cc/conv/cpu_algorithms.h"
 
@@ -12,9 +12,7 @@ const std::vector<const CpuAlgorithm*>& cpu_algorithms() {
 }
 
 const CpuAlgorithm* find_cpu_algorithm(const char* name) {
-  for (const CpuAlgorithm* a : cpu_algorithms())
-    if (std::strcmp(a->name, name) == 0) return a;
-  return nullptr;
+  return find_by_name(cpu_algorithms(), name);
 }
 
 }  // namespace jaxdnn::conv

@@ -70,6 +70,36 @@ inline std::string make_args(conv::Direction dir, const ffi::AnyBuffer& a, const
   return {};
 }
 
+inline conv::Buffers conv_buffers(conv::Direction dir, const ffi::AnyBuffer& a,
+                                  const ffi::AnyBuffer& b, ffi::AnyBuffer& result) {
+  conv::Buffers bufs;
+  bufs.result = result.untyped_data();
+  switch (dir) {
+    case conv::Direction::kFwd: bufs.x = a.untyped_data(); bufs.w = b.untyped_data(); break;
+    case conv::Direction::kBwdData: bufs.y = a.untyped_data(); bufs.w = b.untyped_data(); break;
+    case conv::Direction::kBwdFilter: bufs.x = a.untyped_data(); bufs.y = b.untyped_data(); break;
+  }
+  return bufs;
+}
+
+// The common prologue of a conv handler: decode the call, find the named algorithm in a
+// registry (`find` maps a name to an algorithm pointer or nullptr) and check that it supports
+// the problem. On success *args and *alg are set.
+template <typename Algo, typename Find>
+ffi::Error prepare_conv_call(conv::Direction dir, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+                             const ffi::AnyBuffer& result, const ConvAttrs& attrs,
+                             std::string_view algo, Find find, conv::Args* args,
+                             const Algo** alg) {
+  const std::string where = std::string("jaxdnn conv ") + conv::direction_name(dir);
+  std::string err = make_args(dir, a, b, result, attrs, args);
+  if (!err.empty()) return invalid(where + ": " + err);
+  *alg = find(std::string(algo).c_str());
+  if (*alg == nullptr) return invalid(where + ": unknown algorithm '" + std::string(algo) + "'");
+  Support sup = (*alg)->supports(*args);
+  if (!sup.ok) return invalid(where + " " + std::string(algo) + ": " + sup.reason);
+  return ffi::Error::Success();
+}
+
 // Python encodes a problem as 31 ints: N C K G, in[3], filt[3], out[3], stride[3], pad_lo[3],
 // pad_hi[3], lhs_dil[3], rhs_dil[3] (jaxdnn/ops/conv.py: ConvSpec.encode()).
 inline conv::Problem decode_problem(const std::vector<int64_t>& v) {

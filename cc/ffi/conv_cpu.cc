@@ -17,22 +17,12 @@ ffi::Error ConvCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
                    I64Span pad_hi, I64Span lhs_dilation, I64Span rhs_dilation, int64_t groups,
                    std::string_view algo) {
   conv::Args args;
-  std::string err = make_args(kDir, a, b, *result,
-                              {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups}, &args);
-  if (!err.empty()) return invalid("jaxdnn conv " + std::string(conv::direction_name(kDir)) + ": " + err);
-  const conv::CpuAlgorithm* alg = conv::find_cpu_algorithm(std::string(algo).c_str());
-  if (alg == nullptr) return invalid("jaxdnn conv: unknown CPU algorithm '" + std::string(algo) + "'");
-  Support sup = alg->supports(args);
-  if (!sup.ok) return invalid("jaxdnn conv " + std::string(algo) + ": " + sup.reason);
-  if (result->element_count() == 0) return ffi::Error::Success();
-  conv::Buffers bufs;
-  bufs.result = result->untyped_data();
-  switch (kDir) {
-    case conv::Direction::kFwd: bufs.x = a.untyped_data(); bufs.w = b.untyped_data(); break;
-    case conv::Direction::kBwdData: bufs.y = a.untyped_data(); bufs.w = b.untyped_data(); break;
-    case conv::Direction::kBwdFilter: bufs.x = a.untyped_data(); bufs.y = b.untyped_data(); break;
-  }
-  return to_error(alg->run(args, bufs, FfiParallel(pool)));
+  const conv::CpuAlgorithm* alg = nullptr;
+  ffi::Error e = prepare_conv_call(
+      kDir, a, b, *result, {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups}, algo,
+      conv::find_cpu_algorithm, &args, &alg);
+  if (e.failure() || result->element_count() == 0) return e;
+  return to_error(alg->run(args, conv_buffers(kDir, a, b, *result), FfiParallel(pool)));
 }
 
 }  // namespace

@@ -1,0 +1,58 @@
+// CUDA helpers shared by every kernel file: element loads/stores in the accumulator type,
+// launch checks that name the kernel, and grid sizing.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+#include <type_traits>
+
+#include "cc/common/dtype.h"
+#include "cc/common/status.h"
+
+namespace jaxdnn::cuda {
+
+// Device storage type of each DType (host tags bf16_t/f16_t map onto the CUDA types).
+template <typename HostT> struct DeviceOf { using type = HostT; };
+template <> struct DeviceOf<bf16_t> { using type = __nv_bfloat16; };
+template <> struct DeviceOf<f16_t> { using type = __half; };
+template <typename HostT> using device_t = typename DeviceOf<HostT>::type;
+
+template <typename T> struct DevAcc { using type = float; };
+template <> struct DevAcc<double> { using type = double; };
+template <typename T> using dev_acc_t = typename DevAcc<T>::type;
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_acc(float v);
+template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __device__ __forceinline__ double from_acc<double>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <typename T> __device__ __forceinline__ T from_acc(double v) {
+  if constexpr (std::is_same_v<T, double>) return v; else return from_acc<T>(float(v));
+}
+
+// After a launch: the launch error (bad configuration, or an earlier asynchronous fault)
+// becomes a Status that names the kernel.
+inline Status check_launch(const char* kernel) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::Error(std::string("CUDA error in ") + kernel + ": " + cudaGetErrorName(e) +
+                       ": " + cudaGetErrorString(e));
+}
+
+// Blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed.
+inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 132 * 32) {
+  int64_t b = (n + threads - 1) / threads;
+  return unsigned(b < 1 ? 1 : (b > max_blocks ? max_blocks : b));
+}
+
+}  // namespace jaxdnn::cuda

@@ -1,0 +1,30 @@
+// The CUDA convolution algorithm registry (host side). Each algorithm lives in its own
+// cuda_*.cu file and defines one CudaAlgorithm; cuda_registry.cu lists them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cc/common/status.h"
+#include "cc/conv/conv.h"
+
+namespace jaxdnn::conv {
+
+struct CudaAlgorithm {
+  const char* name;
+  bool deterministic;
+  bool tensor_cores;
+  Support (*supports)(const Args&);
+  int64_t (*workspace_bytes)(const Args&);
+  // Enqueues the computation on `stream`; `workspace` has workspace_bytes(args) bytes.
+  Status (*run)(const Args&, const Buffers&, void* workspace, cudaStream_t stream);
+};
+
+extern const CudaAlgorithm kCudaDirect;  // cuda_direct.cu: the GPU oracle
+
+const std::vector<const CudaAlgorithm*>& cuda_algorithms();
+const CudaAlgorithm* find_cuda_algorithm(const char* name);
+
+}  // namespace jaxdnn::conv

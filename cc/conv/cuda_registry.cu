@@ -1,0 +1,18 @@
+#include "cc/common/registry.h"
+
+#include "cc/conv/cuda_algorithms.h"
+
+namespace jaxdnn::conv {
+
+const std::vector<const CudaAlgorithm*>& cuda_algorithms() {
+  static const std::vector<const CudaAlgorithm*> kAll = {
+      &kCudaDirect,
+  };
+  return kAll;
+}
+
+const CudaAlgorithm* find_cuda_algorithm(const char* name) {
+  return find_by_name(cuda_algorithms(), name);
+}
+
+}  // namespace jaxdnn::conv

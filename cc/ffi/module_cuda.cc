@@ -1,0 +1,36 @@
+// jaxdnn._cuda: the CUDA handlers and the CUDA conv algorithm registry, as seen from Python.
+// Importing it needs no GPU (cudart is linked statically and only touched by the queries
+// below when asked).
+
+#include <cuda_runtime.h>
+
+#include "cc/conv/cuda_algorithms.h"
+#include "cc/ffi/module_common.h"
+
+namespace nb = nanobind;
+using namespace jaxdnn;
+
+NB_MODULE(_cuda, m) {
+  m.def("registrations", [] {
+    ffi_util::HandlerList list;
+    ffi_util::add_conv_cuda_handlers(list);
+    return ffi_util::to_registrations(list);
+  });
+  m.def(
+      "conv_algorithms",
+      [](int direction, std::vector<int64_t> problem, std::string in_dtype, std::string out_dtype,
+         int /*num_threads*/) {
+        conv::Args args = ffi_util::decode_conv_args(direction, problem, in_dtype, out_dtype);
+        return ffi_util::describe_conv_algorithms(
+            conv::cuda_algorithms(), args,
+            [](const conv::CudaAlgorithm* a, const conv::Args& x) { return a->workspace_bytes(x); },
+            [](const conv::CudaAlgorithm* a) { return a->tensor_cores; });
+      },
+      nb::arg("direction"), nb::arg("problem"), nb::arg("in_dtype"), nb::arg("out_dtype"),
+      nb::arg("num_threads"));
+  m.def("cuda_runtime_version", [] {
+    int v = 0;
+    cudaRuntimeGetVersion(&v);
+    return v;
+  });
+}
