@@ -10,7 +10,15 @@ __version__ = "0.1.0"
 
 from . import _ffi  # noqa: F401  (registers every FFI target)
 from .algo import AlgoInfo
+from .ops import activation as _activation
+from .ops import norm as _norm
+from .ops import pool as _pool
+from .ops import softmax as _softmax
+from .ops.activation import *  # noqa: F403
 from .ops.conv import ConvSpec, conv, conv_general_dilated, conv_transpose
+from .ops.norm import *  # noqa: F403
+from .ops.pool import *  # noqa: F403
+from .ops.softmax import *  # noqa: F403
 
 
 def build_info() -> dict:
@@ -34,6 +42,10 @@ def build_info() -> dict:
 
 
 __all__ = [
+    *_activation.__all__,
+    *_norm.__all__,
+    *_pool.__all__,
+    *_softmax.__all__,
     "AlgoInfo",
     "ConvSpec",
     "build_info",

@@ -7,11 +7,13 @@ for a platform whose backend is not up yet is queued by jax, so this is safe on 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
 import numpy as np
-from jax.interpreters import mlir
+from jax.extend.core import Primitive
+from jax.interpreters import mlir, xla
 
 from . import _build_config, _cpu
 
@@ -81,3 +83,23 @@ def lowering(target: str, attrs_fn):
 def register_lowerings(prim, make_rule) -> None:
     for platform in PLATFORMS:
         mlir.register_lowering(prim, make_rule(platform), platform=platform)
+
+
+def _params_as_attrs(platform, ctx, **params):
+    return params
+
+
+def define_primitive(name: str, abstract_eval, *, attrs=_params_as_attrs,
+                     multiple_results: bool = False) -> Primitive:
+    """A primitive lowered to the FFI target of the same name on every platform.
+
+    `abstract_eval(*avals, **params)` checks operands and returns the result aval(s);
+    `attrs(platform, ctx, **params)` maps the primitive's params to handler attributes (by
+    default they are passed through). Eager calls run through jit, like lax primitives.
+    """
+    prim = Primitive(name)
+    prim.multiple_results = multiple_results
+    prim.def_impl(partial(xla.apply_primitive, prim))
+    prim.def_abstract_eval(abstract_eval)
+    register_lowerings(prim, lowering(name, attrs))
+    return prim

@@ -1,6 +1,8 @@
 // Helpers shared by every FFI handler: dtype mapping and Status -> ffi::Error.
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -28,6 +30,21 @@ inline ffi::Error to_error(const Status& s) {
 
 inline ffi::Error invalid(const std::string& what) {
   return ffi::Error::InvalidArgument(what);
+}
+
+// JAXDNN_POISON_OUTPUTS=1 (set by the test suite) makes every handler fill its results with
+// 0xFF bytes (NaN in every float dtype) before the kernel runs, so an element a kernel forgets
+// to write fails the tests instead of passing with stale memory.
+inline bool poison_outputs() {
+  static const bool on = [] {
+    const char* v = std::getenv("JAXDNN_POISON_OUTPUTS");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return on;
+}
+
+inline void poison_host(ffi::AnyBuffer& result) {
+  if (poison_outputs()) std::memset(result.untyped_data(), 0xFF, result.size_bytes());
 }
 
 }  // namespace jaxdnn::ffi_util

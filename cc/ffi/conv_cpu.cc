@@ -22,6 +22,7 @@ ffi::Error ConvCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
       kDir, a, b, *result, {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups}, algo,
       conv::find_cpu_algorithm, &args, &alg);
   if (e.failure() || result->element_count() == 0) return e;
+  poison_host(*result);
   return to_error(alg->run(args, conv_buffers(kDir, a, b, *result), FfiParallel(pool)));
 }
 
@@ -34,10 +35,8 @@ XLA_FFI_DEFINE_HANDLER(kConvBwdDataCpu, ConvCpu<conv::Direction::kBwdData>,
 XLA_FFI_DEFINE_HANDLER(kConvBwdFilterCpu, ConvCpu<conv::Direction::kBwdFilter>,
                        bind_conv(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
-void add_conv_cpu_handlers(HandlerList& out) {
-  out.push_back({"jaxdnn_conv_fwd", kConvFwdCpu});
-  out.push_back({"jaxdnn_conv_bwd_data", kConvBwdDataCpu});
-  out.push_back({"jaxdnn_conv_bwd_filter", kConvBwdFilterCpu});
-}
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_fwd", kConvFwdCpu);
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_bwd_data", kConvBwdDataCpu);
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_bwd_filter", kConvBwdFilterCpu);
 
 }  // namespace jaxdnn::ffi_util

@@ -7,6 +7,7 @@
 
 #include "cc/conv/cuda_algorithms.h"
 #include "cc/ffi/conv_common.h"
+#include "cc/ffi/cuda_common.h"
 #include "cc/ffi/handlers.h"
 
 namespace jaxdnn::ffi_util {
@@ -25,6 +26,7 @@ ffi::Error ConvCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   if (e.failure() || result->element_count() == 0) return e;
   if (alg->workspace_bytes(args) != 0)
     return ffi::Error::Internal("jaxdnn conv " + std::string(algo) + ": workspace not provided");
+  if (ffi::Error p = poison_device(*result, stream); p.failure()) return p;
   return to_error(alg->run(args, conv_buffers(kDir, a, b, *result), nullptr, stream));
 }
 
@@ -38,10 +40,8 @@ JAXDNN_CONV_CUDA_HANDLER(kConvFwdCuda, conv::Direction::kFwd);
 JAXDNN_CONV_CUDA_HANDLER(kConvBwdDataCuda, conv::Direction::kBwdData);
 JAXDNN_CONV_CUDA_HANDLER(kConvBwdFilterCuda, conv::Direction::kBwdFilter);
 
-void add_conv_cuda_handlers(HandlerList& out) {
-  out.push_back({"jaxdnn_conv_fwd", kConvFwdCuda});
-  out.push_back({"jaxdnn_conv_bwd_data", kConvBwdDataCuda});
-  out.push_back({"jaxdnn_conv_bwd_filter", kConvBwdFilterCuda});
-}
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_fwd", kConvFwdCuda);
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_bwd_data", kConvBwdDataCuda);
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_bwd_filter", kConvBwdFilterCuda);
 
 }  // namespace jaxdnn::ffi_util

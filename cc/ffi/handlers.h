@@ -1,5 +1,9 @@
-// Each op family's handler file appends its (target name, handler) pairs; the modules
-// (module_cpu.cc, module_cuda.cc) turn the lists into registrations() dicts for Python.
+// Handler registration. Each handler file registers its targets with
+//   JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_<name>", kHandler);   (files cc/ffi/*_cpu.cc)
+//   JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_<name>", kHandler);  (files cc/ffi/*_cuda.cc)
+// and the modules (module_cpu.cc, module_cuda.cc) return the lists from registrations(), so an
+// op family adds handlers without touching shared files. Every target name is registered on
+// both platforms with the same operands and attributes.
 #pragma once
 
 #include <utility>
@@ -11,10 +15,22 @@ namespace jaxdnn::ffi_util {
 
 using HandlerList = std::vector<std::pair<const char*, XLA_FFI_Handler*>>;
 
-// CPU (module_cpu.cc)
-void add_conv_cpu_handlers(HandlerList& out);
+HandlerList& cpu_handlers();   // defined in module_cpu.cc
+HandlerList& cuda_handlers();  // defined in module_cuda.cc
 
-// CUDA (module_cuda.cc)
-void add_conv_cuda_handlers(HandlerList& out);
+struct HandlerRegistrar {
+  HandlerRegistrar(HandlerList& (*list)(), const char* name, XLA_FFI_Handler* handler) {
+    list().emplace_back(name, handler);
+  }
+};
 
 }  // namespace jaxdnn::ffi_util
+
+#define JAXDNN_CONCAT_INNER(a, b) a##b
+#define JAXDNN_CONCAT(a, b) JAXDNN_CONCAT_INNER(a, b)
+#define JAXDNN_REGISTER_CPU_HANDLER(name, handler)                                 \
+  static ::jaxdnn::ffi_util::HandlerRegistrar JAXDNN_CONCAT(jaxdnn_reg_, __LINE__)( \
+      ::jaxdnn::ffi_util::cpu_handlers, name, handler)
+#define JAXDNN_REGISTER_CUDA_HANDLER(name, handler)                                \
+  static ::jaxdnn::ffi_util::HandlerRegistrar JAXDNN_CONCAT(jaxdnn_reg_, __LINE__)( \
+      ::jaxdnn::ffi_util::cuda_handlers, name, handler)

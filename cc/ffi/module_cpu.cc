@@ -6,12 +6,13 @@
 namespace nb = nanobind;
 using namespace jaxdnn;
 
+ffi_util::HandlerList& ffi_util::cpu_handlers() {
+  static HandlerList list;
+  return list;
+}
+
 NB_MODULE(_cpu, m) {
-  m.def("registrations", [] {
-    ffi_util::HandlerList list;
-    ffi_util::add_conv_cpu_handlers(list);
-    return ffi_util::to_registrations(list);
-  });
+  m.def("registrations", [] { return ffi_util::to_registrations(ffi_util::cpu_handlers()); });
   m.def("ffi_api_version", [] { return nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   m.def(
       "conv_algorithms",

@@ -10,12 +10,13 @@
 namespace nb = nanobind;
 using namespace jaxdnn;
 
+ffi_util::HandlerList& ffi_util::cuda_handlers() {
+  static HandlerList list;
+  return list;
+}
+
 NB_MODULE(_cuda, m) {
-  m.def("registrations", [] {
-    ffi_util::HandlerList list;
-    ffi_util::add_conv_cuda_handlers(list);
-    return ffi_util::to_registrations(list);
-  });
+  m.def("registrations", [] { return ffi_util::to_registrations(ffi_util::cuda_handlers()); });
   m.def(
       "conv_algorithms",
       [](int direction, std::vector<int64_t> problem, std::string in_dtype, std::string out_dtype,

@@ -27,8 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, xla
+from jax.interpreters import ad, batching
 
 from .. import _ffi
 from ..algo import DIRECTIONS, select_conv_algorithm
@@ -88,12 +87,6 @@ class ConvSpec:
 # Primitives
 # ----------------------------------------------------------------------------------------------
 
-conv_fwd_p = Primitive("jaxdnn_conv_fwd")
-conv_bwd_data_p = Primitive("jaxdnn_conv_bwd_data")
-conv_bwd_filter_p = Primitive("jaxdnn_conv_bwd_filter")
-_PRIMS = {"fwd": conv_fwd_p, "bwd_data": conv_bwd_data_p, "bwd_filter": conv_bwd_filter_p}
-
-
 def _shapes(direction: str, spec: ConvSpec):
     """(a shape, b shape, result shape) of a direction's operands."""
     x, w, y = spec.lhs_shape, spec.rhs_shape, spec.out_shape
@@ -119,10 +112,9 @@ def _conv_attrs(direction):
     return attrs
 
 
-for _dir, _prim in _PRIMS.items():
-    _prim.def_impl(partial(xla.apply_primitive, _prim))
-    _prim.def_abstract_eval(partial(_abstract_eval, _dir))
-    _ffi.register_lowerings(_prim, _ffi.lowering(f"jaxdnn_conv_{_dir}", _conv_attrs(_dir)))
+_PRIMS = {d: _ffi.define_primitive(f"jaxdnn_conv_{d}", partial(_abstract_eval, d),
+                                   attrs=_conv_attrs(d)) for d in DIRECTIONS}
+conv_fwd_p, conv_bwd_data_p, conv_bwd_filter_p = (_PRIMS[d] for d in DIRECTIONS)
 
 
 def _bind(direction, a, b, *, spec, algo, out_dtype):

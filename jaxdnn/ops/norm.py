@@ -1,0 +1,3 @@
+"""norm ops (being written)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""softmax ops (being written)."""
+
+__all__: list[str] = []
