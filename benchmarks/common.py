@@ -1,0 +1,104 @@
+"""Benchmark harness shared by every bench_*.py (method: ../shared/DESIGN.md section 6).
+
+* Each measurement jits ONE function that applies the op to `rotate` distinct input sets, so
+  dispatch is amortised and the inputs do not all sit in the L2 cache.
+* Warm-up first (compilation, module load), then the median of `repeats` timed calls.
+* jaxdnn and the jax.lax / jax.nn path run in the same process on the same inputs, and the
+  tables report their ratio (> 1 means jaxdnn is faster).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+
+def time_op(fn: Callable, inputs: Sequence[tuple], *, repeats: int = 20, warmup: int = 2) -> float:
+    """Median seconds of one `fn(*args)`, measured over all `inputs` in one jitted call."""
+
+    @jax.jit
+    def many(all_inputs):
+        return [fn(*args) for args in all_inputs]
+
+    for _ in range(warmup):
+        jax.block_until_ready(many(inputs))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(many(inputs))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / len(inputs)
+
+
+def rotating_inputs(make: Callable[[np.random.Generator], tuple], rotate: int, seed: int = 0,
+                    device=None) -> list[tuple]:
+    """`rotate` independent random input tuples, placed on `device`."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(rotate):
+        args = make(rng)
+        out.append(tuple(jax.device_put(a, device) for a in args))
+    return out
+
+
+def rotation_for(bytes_per_call: int, *, l2_bytes: int = 60 << 20, cap: int = 8) -> int:
+    """Enough input sets that together they overflow the L2 cache (at least 2, at most cap)."""
+    return int(min(cap, max(2, -(-3 * l2_bytes // max(bytes_per_call, 1)))))
+
+
+def environment() -> dict:
+    dev = jax.devices()[0]
+    return {
+        "date": datetime.date.today().isoformat(),
+        "device": getattr(dev, "device_kind", str(dev)),
+        "platform": dev.platform,
+        "jax": jax.__version__,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def write_results(name: str, rows: list[dict], columns: Sequence[str], *, notes: str = "",
+                  out_dir: str | None = None) -> str:
+    """Writes `rows` as a markdown table (with the environment) and JSON next to it under
+    benchmarks/results/, and prints the table. Returns the markdown path."""
+    env = environment()
+    out_dir = out_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(out_dir, exist_ok=True)
+    slug = env["device"].replace(" ", "_").replace("/", "_")
+    base = os.path.join(out_dir, f"{name}-{env['platform']}-{slug}-{env['date']}")
+    lines = [f"# {name}", "",
+             f"{env['date']}, {env['device']} ({env['platform']}, {env['cpu_count']} CPU "
+             f"cores), jax {env['jax']}, Python {env['python']}", ""]
+    if notes:
+        lines += [notes, ""]
+    lines.append("| " + " | ".join(columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |")
+    text = "\n".join(lines) + "\n"
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    with open(base + ".json", "w") as f:
+        json.dump({"environment": env, "rows": rows}, f, indent=1, default=str)
+    print(text)
+    return base + ".md"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def geomean(values: Sequence[float]) -> float:
+    values = [v for v in values if v and v > 0]
+    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
