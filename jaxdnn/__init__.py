@@ -15,7 +15,8 @@ from .ops import norm as _norm
 from .ops import pool as _pool
 from .ops import softmax as _softmax
 from .ops.activation import *  # noqa: F403
-from .ops.conv import ConvSpec, conv, conv_general_dilated, conv_transpose
+from .ops.conv import (ConvProblem, ConvSpec, conv, conv_algorithms, conv_general_dilated,
+                       conv_problem, conv_problems, conv_transpose)
 from .ops.norm import *  # noqa: F403
 from .ops.pool import *  # noqa: F403
 from .ops.softmax import *  # noqa: F403
@@ -47,9 +48,13 @@ __all__ = [
     *_pool.__all__,
     *_softmax.__all__,
     "AlgoInfo",
+    "ConvProblem",
     "ConvSpec",
     "build_info",
     "conv",
+    "conv_algorithms",
     "conv_general_dilated",
+    "conv_problem",
+    "conv_problems",
     "conv_transpose",
 ]

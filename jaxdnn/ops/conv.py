@@ -30,6 +30,7 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 
 from .. import _ffi
+from .. import algo as algo_lib
 from ..algo import DIRECTIONS, select_conv_algorithm
 
 SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16,
@@ -588,3 +589,63 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
     for i in range(nd):
         perm[lhs_spec[2 + i]] = 1 + i
     return jnp.transpose(y, perm)
+
+
+# ----------------------------------------------------------------------------------------------
+# Problems and algorithm queries
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ConvProblem:
+    """One convolution as the kernels see it: direction, canonical spec, dtypes, and the
+    algorithm forced by the caller (None: chosen by the library)."""
+
+    direction: str
+    spec: ConvSpec
+    dtype: np.dtype
+    out_dtype: np.dtype
+    forced_algo: str | None = None
+
+
+def _walk_jaxpr(jaxpr, found):
+    for eqn in jaxpr.eqns:
+        for direction, prim in _PRIMS.items():
+            if eqn.primitive is prim:
+                p = eqn.params
+                found.append(ConvProblem(direction, p["spec"], np.dtype(eqn.invars[0].aval.dtype),
+                                         np.dtype(p["out_dtype"]),
+                                         p["algo"][DIRECTIONS.index(direction)]))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):  # ClosedJaxpr
+                    _walk_jaxpr(sub.jaxpr, found)
+                elif hasattr(sub, "eqns"):  # Jaxpr
+                    _walk_jaxpr(sub, found)
+
+
+def conv_problems(fn, *args, **kwargs) -> list[ConvProblem]:
+    """Every jaxdnn convolution that ``fn(*args, **kwargs)`` performs (forward and, if `fn`
+    differentiates, backward directions), found by tracing it."""
+    found: list[ConvProblem] = []
+    _walk_jaxpr(jax.make_jaxpr(partial(fn, **kwargs))(*args).jaxpr, found)
+    return found
+
+
+def conv_problem(x, w, **conv_kwargs) -> ConvProblem:
+    """The forward problem of ``jaxdnn.conv(x, w, **conv_kwargs)``; x and w may be arrays or
+    ``jax.ShapeDtypeStruct``s."""
+    (problem,) = conv_problems(partial(conv, **conv_kwargs), x, w)
+    return problem
+
+
+def _platform(platform: str | None) -> str:
+    platform = platform or jax.default_backend()
+    return {"gpu": "cuda"}.get(platform, platform)
+
+
+def conv_algorithms(problem: ConvProblem, platform: str | None = None):
+    """Every registered algorithm for `problem` on `platform` ("cpu" or "cuda"; default: the
+    default backend), with applicability, reason, workspace, determinism, tensor-core use and
+    the heuristic's rank (0 = what runs by default). Unsupported algorithms come last."""
+    return algo_lib.conv_algorithms(problem.spec, problem.direction, problem.dtype,
+                                    problem.out_dtype, _platform(platform))
