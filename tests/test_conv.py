@@ -22,7 +22,7 @@ from jax.test_util import check_grads
 
 import jaxdnn
 
-from .util import DTYPES, PLATFORMS, assert_close, device, on, rand
+from util import DTYPES, PLATFORMS, assert_close, device, on, rand
 
 
 @dataclasses.dataclass(frozen=True)
