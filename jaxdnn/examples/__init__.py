@@ -1,0 +1,1 @@
+"""Flax-free training examples built on jaxdnn's primitives (``train_cnn``, ``train_mlp``)."""
