@@ -29,8 +29,8 @@ def sgd(learning_rate: float, momentum: float = 0.9, weight_decay: float = 0.0) 
 
 def adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Optimizer:
     def init(params):
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        return {"m": zeros, "v": zeros, "t": jnp.zeros((), jnp.int32)}
+        return {"m": jax.tree.map(jnp.zeros_like, params),
+                "v": jax.tree.map(jnp.zeros_like, params), "t": jnp.zeros((), jnp.int32)}
 
     def update(grads, s, params):
         t = s["t"] + 1
