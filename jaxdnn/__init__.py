@@ -6,8 +6,7 @@ Every op is a JAX primitive lowered to an XLA FFI custom call, so it works under
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from . import _ffi  # noqa: F401  (registers every FFI target)
 from .algo import AlgoInfo
 from .ops import activation as _activation
@@ -15,8 +14,10 @@ from .ops import norm as _norm
 from .ops import pool as _pool
 from .ops import softmax as _softmax
 from .ops.activation import *  # noqa: F403
-from .ops.conv import (ConvProblem, ConvSpec, conv, conv_algorithms, conv_general_dilated,
-                       conv_problem, conv_problems, conv_transpose)
+from ._config import config
+from .ops.conv import (ConvProblem, ConvSpec, FindResult, conv, conv_algorithms,
+                       conv_general_dilated, conv_problem, conv_problems, conv_transpose, explain,
+                       find_conv_algorithms)
 from .ops.norm import *  # noqa: F403
 from .ops.pool import *  # noqa: F403
 from .ops.softmax import *  # noqa: F403
@@ -50,11 +51,15 @@ __all__ = [
     "AlgoInfo",
     "ConvProblem",
     "ConvSpec",
+    "FindResult",
     "build_info",
+    "config",
     "conv",
     "conv_algorithms",
     "conv_general_dilated",
     "conv_problem",
     "conv_problems",
     "conv_transpose",
+    "explain",
+    "find_conv_algorithms",
 ]

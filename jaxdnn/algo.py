@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import numpy as np
+
 from . import _ffi
 
 DIRECTIONS = ("fwd", "bwd_data", "bwd_filter")
@@ -69,23 +71,86 @@ def _heuristic_order(platform: str, direction: str, spec, supported: list[dict])
     return ordered + sorted(n for n in names if n not in ordered)
 
 
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The algorithm that runs for one (problem, direction, platform), and why."""
+
+    name: str
+    reason: str  # "forced", "heuristic", "benchmark (cached)" or "benchmark (measured)"
+    workspace_bytes: int
+    excluded: tuple[tuple[str, str], ...] = ()  # (algorithm, why) removed by the policy
+
+    def describe(self) -> str:
+        text = self.reason
+        if self.excluded:
+            text += "; excluded " + ", ".join(f"{n} ({why})" for n, why in self.excluded)
+        return text
+
+
+def problem_key(spec, direction: str, in_dtype, out_dtype) -> str:
+    return (f"{direction}|{np.dtype(in_dtype).name}|{np.dtype(out_dtype).name}|"
+            + ",".join(str(v) for v in spec.encode()))
+
+
+def _policy_exclusions(info: AlgoInfo, deterministic: bool, workspace_limit: int):
+    if deterministic and not info.deterministic:
+        return "not deterministic"
+    if workspace_limit >= 0 and info.workspace_bytes > workspace_limit:
+        return f"needs {info.workspace_bytes} workspace bytes > limit {workspace_limit}"
+    return None
+
+
 def select_conv_algorithm(spec, direction: str, in_dtype, out_dtype, platform: str,
-                          forced: str | None) -> str:
-    """The algorithm that runs: `forced` if given (an error if it cannot run the problem),
-    otherwise the heuristic's first choice."""
+                          forced: str | None, policy=(False, False, -1), finder=None) -> Choice:
+    """The algorithm that runs.
+
+    `policy` is (benchmark, deterministic, workspace_limit or -1) from jaxdnn.config at trace
+    time. A forced algorithm must support the problem and satisfy the policy. Otherwise the
+    policy filters the supported algorithms, and the choice is the fastest measured one in
+    benchmark mode (``finder`` times them; results are cached on disk) or the heuristic's best.
+    """
+    benchmark, deterministic, workspace_limit = policy
     infos = conv_algorithms(spec, direction, in_dtype, out_dtype, platform)
-    usable = [a.name for a in infos if a.supported]
-    if forced is None:
-        if not usable:  # every registry has an always-correct algorithm; this is a bug
-            raise RuntimeError(f"no {platform} conv algorithm supports this {direction} problem")
-        return usable[0]
-    match = [a for a in infos if a.name == forced]
-    if not match:
-        raise ValueError(
-            f"jaxdnn: unknown conv algorithm {forced!r} for {direction} on {platform}; "
-            f"registered: {', '.join(a.name for a in infos)}")
-    if not match[0].supported:
-        raise ValueError(
-            f"jaxdnn: conv algorithm {forced!r} cannot run this {direction} problem on "
-            f"{platform}: {match[0].reason}. Algorithms that can: {', '.join(usable)}")
-    return forced
+    usable = [a for a in infos if a.supported]
+    if forced is not None:
+        match = [a for a in infos if a.name == forced]
+        if not match:
+            raise ValueError(
+                f"jaxdnn: unknown conv algorithm {forced!r} for {direction} on {platform}; "
+                f"registered: {', '.join(a.name for a in infos)}")
+        if not match[0].supported:
+            raise ValueError(
+                f"jaxdnn: conv algorithm {forced!r} cannot run this {direction} problem on "
+                f"{platform}: {match[0].reason}. Algorithms that can: "
+                f"{', '.join(a.name for a in usable)}")
+        why = _policy_exclusions(match[0], deterministic, workspace_limit)
+        if why:
+            raise ValueError(f"jaxdnn: conv algorithm {forced!r} is excluded by jaxdnn.config: "
+                             f"{why}")
+        return Choice(forced, "forced", match[0].workspace_bytes)
+
+    excluded, candidates = [], []
+    for a in usable:
+        why = _policy_exclusions(a, deterministic, workspace_limit)
+        (excluded.append((a.name, why)) if why else candidates.append(a))
+    if not candidates:  # every registry has a deterministic, workspace-free oracle
+        raise RuntimeError(f"no {platform} conv algorithm satisfies the policy for this "
+                           f"{direction} problem (excluded: {excluded})")
+    if benchmark and finder is not None and len(candidates) > 1:
+        from . import _config, _version, tuning
+
+        cache = tuning.cache_for(_config.settings().cache_dir, platform, _version.__version__)
+        key = problem_key(spec, direction, in_dtype, out_dtype)
+        results, reason = cache.get(key), "benchmark (cached)"
+        if results is None:
+            results, reason = finder(spec, direction, in_dtype, out_dtype, platform), \
+                "benchmark (measured)"
+            cache.put(key, results)
+        allowed = {a.name: a for a in candidates}
+        timed = sorted((r for r in results if r["ok"] and r["name"] in allowed),
+                       key=lambda r: r["time_s"])
+        if timed:
+            best = allowed[timed[0]["name"]]
+            return Choice(best.name, reason, best.workspace_bytes, tuple(excluded))
+    best = candidates[0]  # conv_algorithms() lists supported algorithms in heuristic order
+    return Choice(best.name, "heuristic", best.workspace_bytes, tuple(excluded))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import time
 from collections.abc import Sequence
 from functools import partial
 
@@ -31,6 +32,7 @@ from jax.interpreters import ad, batching
 
 from .. import _ffi
 from .. import algo as algo_lib
+from .. import _config as config_lib
 from ..algo import DIRECTIONS, select_conv_algorithm
 
 SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16,
@@ -94,7 +96,7 @@ def _shapes(direction: str, spec: ConvSpec):
     return {"fwd": (x, w, y), "bwd_data": (y, w, x), "bwd_filter": (x, y, w)}[direction]
 
 
-def _abstract_eval(direction, a, b, *, spec, algo, out_dtype):
+def _abstract_eval(direction, a, b, *, spec, algo, out_dtype, policy):
     want_a, want_b, result = _shapes(direction, spec)
     if tuple(a.shape) != want_a or tuple(b.shape) != want_b or a.dtype != b.dtype:
         raise TypeError(f"jaxdnn conv {direction}: operands {a.str_short()}, {b.str_short()} do "
@@ -103,13 +105,13 @@ def _abstract_eval(direction, a, b, *, spec, algo, out_dtype):
 
 
 def _conv_attrs(direction):
-    def attrs(platform, ctx, *, spec, algo, out_dtype):
-        forced = algo[DIRECTIONS.index(direction)]
-        name = select_conv_algorithm(spec, direction, ctx.avals_in[0].dtype, out_dtype, platform,
-                                     forced)
+    def attrs(platform, ctx, *, spec, algo, out_dtype, policy):
+        choice = select_conv_algorithm(spec, direction, ctx.avals_in[0].dtype, out_dtype,
+                                       platform, algo[DIRECTIONS.index(direction)], policy,
+                                       finder=_find_for_selection)
         return dict(stride=spec.stride, pad_lo=[lo for lo, _ in spec.padding],
                     pad_hi=[hi for _, hi in spec.padding], lhs_dilation=spec.lhs_dilation,
-                    rhs_dilation=spec.rhs_dilation, groups=spec.groups, algo=name)
+                    rhs_dilation=spec.rhs_dilation, groups=spec.groups, algo=choice.name)
     return attrs
 
 
@@ -118,8 +120,9 @@ _PRIMS = {d: _ffi.define_primitive(f"jaxdnn_conv_{d}", partial(_abstract_eval, d
 conv_fwd_p, conv_bwd_data_p, conv_bwd_filter_p = (_PRIMS[d] for d in DIRECTIONS)
 
 
-def _bind(direction, a, b, *, spec, algo, out_dtype):
-    return _PRIMS[direction].bind(a, b, spec=spec, algo=algo, out_dtype=np.dtype(out_dtype))
+def _bind(direction, a, b, *, spec, algo, out_dtype, policy):
+    return _PRIMS[direction].bind(a, b, spec=spec, algo=algo, out_dtype=np.dtype(out_dtype),
+                                  policy=policy)
 
 
 # Transposes. With <.,.> the elementwise inner product:
@@ -130,10 +133,10 @@ def _bind(direction, a, b, *, spec, algo, out_dtype):
 # (bf16 in, f32 out) transpose into bf16 kernels.
 
 def _transpose_rule(direction, which):
-    def rule(ct, a, b, *, spec, algo, out_dtype):
+    def rule(ct, a, b, *, spec, algo, out_dtype, policy):
         dt = a.aval.dtype if ad.is_undefined_primal(a) else b.aval.dtype
         ct = lax.convert_element_type(ct, dt)
-        kw = dict(spec=spec, algo=algo, out_dtype=dt)
+        kw = dict(spec=spec, algo=algo, out_dtype=dt, policy=policy)
         if direction == "fwd":  # a = x, b = w
             return (_bind("bwd_data", ct, b, **kw) if which == 0 else
                     _bind("bwd_filter", a, ct, **kw))
@@ -189,11 +192,11 @@ def _filter_in_channels_unfold(w, b):
 
 
 def _batch_rule(direction):
-    def rule(args, dims, *, spec, algo, out_dtype):
+    def rule(args, dims, *, spec, algo, out_dtype, policy):
         a, b = (x if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims))
         size = a.shape[0] if dims[0] is not None else b.shape[0]
         g = spec.groups
-        kw = dict(algo=algo, out_dtype=out_dtype)
+        kw = dict(algo=algo, out_dtype=out_dtype, policy=policy)
         n, d, h, w_, c = spec.lhs_shape
         t, r, s, cg, k = spec.rhs_shape
         if dims[0] is not None and dims[1] is not None:  # both mapped: into the groups
@@ -427,7 +430,8 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
         lhs.astype(compute), rhs.astype(compute), dnums, window_strides, padding, lhs_dilation,
         rhs_dilation, feature_group_count, batch_group_count, names,
         allow_negative_padding=allow_negative_padding)
-    y = _bind("fwd", x, w, spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype)
+    y = _bind("fwd", x, w, spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype,
+              policy=config_lib.settings().policy())
     return finish(y)
 
 
@@ -582,7 +586,8 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
         raise ValueError(f"{api}: the padding {pads} and output_padding {out_pad} are "
                          f"inconsistent with the input size {tuple(in_sp)}")
     y = _bind("bwd_data", xc.reshape(n, *pad3, *xc.shape[1:]), wc.reshape(*pad3, *wc.shape),
-              spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype)
+              spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype,
+              policy=config_lib.settings().policy())
     y = y.reshape(n, *out_sp, cin_g * g)
     perm = [0] * (nd + 2)
     perm[lhs_spec[0]], perm[lhs_spec[1]] = 0, nd + 1
@@ -592,19 +597,21 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
 
 
 # ----------------------------------------------------------------------------------------------
-# Problems and algorithm queries
+# Problems, algorithm queries, find and explain
 # ----------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class ConvProblem:
-    """One convolution as the kernels see it: direction, canonical spec, dtypes, and the
-    algorithm forced by the caller (None: chosen by the library)."""
+    """One convolution as the kernels see it: direction, canonical spec, dtypes, the algorithm
+    forced by the caller (None: chosen by the library) and the jaxdnn.config policy in force
+    when it was traced, as (benchmark, deterministic, workspace_limit or -1)."""
 
     direction: str
     spec: ConvSpec
     dtype: np.dtype
     out_dtype: np.dtype
     forced_algo: str | None = None
+    policy: tuple[bool, bool, int] = (False, False, -1)
 
 
 def _walk_jaxpr(jaxpr, found):
@@ -614,7 +621,7 @@ def _walk_jaxpr(jaxpr, found):
                 p = eqn.params
                 found.append(ConvProblem(direction, p["spec"], np.dtype(eqn.invars[0].aval.dtype),
                                          np.dtype(p["out_dtype"]),
-                                         p["algo"][DIRECTIONS.index(direction)]))
+                                         p["algo"][DIRECTIONS.index(direction)], p["policy"]))
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):  # ClosedJaxpr
@@ -644,8 +651,132 @@ def _platform(platform: str | None) -> str:
 
 
 def conv_algorithms(problem: ConvProblem, platform: str | None = None):
-    """Every registered algorithm for `problem` on `platform` ("cpu" or "cuda"; default: the
-    default backend), with applicability, reason, workspace, determinism, tensor-core use and
-    the heuristic's rank (0 = what runs by default). Unsupported algorithms come last."""
+    """"Get": every registered algorithm for `problem` on `platform` ("cpu" or "cuda";
+    default: the default backend), with applicability, reason, workspace, determinism,
+    tensor-core use and the heuristic's rank (0 = the heuristic's choice). Unsupported
+    algorithms come last."""
     return algo_lib.conv_algorithms(problem.spec, problem.direction, problem.dtype,
                                     problem.out_dtype, _platform(platform))
+
+
+@dataclasses.dataclass(frozen=True)
+class FindResult:
+    """One algorithm's measurement by :func:`find_conv_algorithms`."""
+
+    name: str
+    time_s: float  # median seconds per call; inf when it did not run or was rejected
+    ok: bool       # ran and agreed with the oracle
+    error: float   # relative L2 error against the oracle (nan when it did not run)
+    reason: str    # why it was rejected or not run
+    workspace_bytes: int
+    deterministic: bool
+
+
+# Relative L2 error an algorithm may show against the direct oracle, by output dtype.
+_FIND_TOL = {np.dtype(jnp.float64): 1e-9, np.dtype(jnp.float32): 1e-4,
+             np.dtype(jnp.float16): 2e-2, np.dtype(jnp.bfloat16): 2e-2}
+
+
+def _run_algorithm(name, direction, spec, out_dtype):
+    """A jitted function running one direction of `spec` with algorithm `name` forced (find's
+    unit of work; tests replace it to inject a wrong algorithm)."""
+    forced = tuple(name if d == direction else None for d in DIRECTIONS)
+    return jax.jit(lambda a, b: _bind(direction, a, b, spec=spec, algo=forced,
+                                      out_dtype=out_dtype, policy=(False, False, -1)))
+
+
+def _rel_l2(out, ref) -> float:
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    den = np.linalg.norm(ref)
+    num = np.linalg.norm(out - ref)
+    return float(num / den) if den > 0 else float(num)
+
+
+def _find(spec, direction, dtype, out_dtype, platform, *, repeats=5, seed=0):
+    dev = jax.devices("gpu" if platform == "cuda" else "cpu")[0]
+    a_shape, b_shape, _ = _shapes(direction, spec)
+    rng = np.random.default_rng(seed)
+    nbytes = (np.prod(a_shape) + np.prod(b_shape)) * np.dtype(dtype).itemsize
+    rotate = int(min(8, max(2, 3 * (60 << 20) // max(nbytes, 1)))) if platform == "cuda" else 2
+    inputs = [tuple(jax.device_put(rng.standard_normal(s).astype(dtype), dev)
+                    for s in (a_shape, b_shape)) for _ in range(rotate)]
+    ref = _run_algorithm("direct", direction, spec, out_dtype)(*inputs[0])
+    results = []
+    for info in algo_lib.conv_algorithms(spec, direction, dtype, out_dtype, platform):
+        base = dict(name=info.name, workspace_bytes=info.workspace_bytes,
+                    deterministic=info.deterministic)
+        if not info.supported:
+            results.append(FindResult(time_s=float("inf"), ok=False, error=float("nan"),
+                                      reason=info.reason, **base))
+            continue
+        fn = _run_algorithm(info.name, direction, spec, out_dtype)
+        err = _rel_l2(fn(*inputs[0]), ref)
+        if not err <= _FIND_TOL[np.dtype(out_dtype)]:
+            results.append(FindResult(time_s=float("inf"), ok=False, error=err,
+                                      reason=f"wrong result: relative error {err:.2e}", **base))
+            continue
+        many = jax.jit(lambda ins, fn=fn: [fn(*i) for i in ins])
+        jax.block_until_ready(many(inputs))
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(many(inputs))
+            times.append((time.perf_counter() - t0) / rotate)
+        results.append(FindResult(time_s=float(np.median(times)), ok=True, error=err, reason="",
+                                  **base))
+    return sorted(results, key=lambda r: (not r.ok, r.time_s, r.name))
+
+
+def find_conv_algorithms(problem: ConvProblem, platform: str | None = None, *,
+                         repeats: int = 5) -> list[FindResult]:
+    """"Find": runs every applicable algorithm for `problem` on the current device of
+    `platform`, checks each result against the direct oracle (rejecting wrong answers) and
+    times it (median of `repeats` runs over rotating inputs); fastest first."""
+    return _find(problem.spec, problem.direction, problem.dtype, problem.out_dtype,
+                 _platform(platform), repeats=repeats)
+
+
+def _find_for_selection(spec, direction, dtype, out_dtype, platform):
+    """Benchmark mode's finder: plain dicts, as stored in the tuning cache."""
+    return [dataclasses.asdict(r) for r in _find(spec, direction, dtype, out_dtype, platform)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """What one jaxdnn convolution in a traced function runs, and why."""
+
+    direction: str
+    problem: ConvProblem
+    algo: str
+    reason: str
+    workspace_bytes: int
+
+    def summary(self) -> str:
+        s = self.problem.spec
+        return (f"{self.direction:10s} x{s.lhs_shape} w{s.rhs_shape} stride{s.stride} "
+                f"groups={s.groups} {self.problem.dtype.name}->{self.problem.out_dtype.name}")
+
+
+class Explained(list):
+    """A list of Explanation with a readable table as its str()."""
+
+    def __str__(self) -> str:
+        lines = [f"{'algorithm':14s} {'workspace':>10s}  problem / reason"]
+        for e in self:
+            lines.append(f"{e.algo:14s} {e.workspace_bytes:10d}  {e.summary()}\n"
+                         f"{'':26s}{e.reason}")
+        return "\n".join(lines)
+
+
+def explain(fn, *args, platform: str | None = None, **kwargs) -> Explained:
+    """Lists every jaxdnn convolution in ``fn(*args, **kwargs)`` (traced as ``jax.jit`` would)
+    with the algorithm that runs on `platform`, why (heuristic, cached or measured benchmark,
+    forced, and what the deterministic / workspace policy excluded) and its workspace."""
+    plat = _platform(platform)
+    out = Explained()
+    for p in conv_problems(fn, *args, **kwargs):
+        choice = select_conv_algorithm(p.spec, p.direction, p.dtype, p.out_dtype, plat,
+                                       p.forced_algo, p.policy, finder=_find_for_selection)
+        out.append(Explanation(p.direction, p, choice.name, choice.describe(),
+                               choice.workspace_bytes))
+    return out
