@@ -99,42 +99,40 @@ void bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Para
   const int64_t D = p.in[0], H = p.in[1], W = p.in[2], C = p.C, K = p.K;
   const int64_t Z = p.out[0], P = p.out[1], Q = p.out[2];
   const int64_t R = p.filt[1], S = p.filt[2], Cg = p.Cg(), Kg = p.Kg();
-  // One task per filter row (t, r, s, ci): it owns the K outputs dw[t, r, s, ci, :].
+  constexpr int64_t kChunk = 64;  // outputs accumulated at once, on the stack
+  // One task per filter row (t, r, s, ci): it owns the K outputs dw[t, r, s, ci, :], which it
+  // computes kChunk at a time.
   par.for_each(p.filt_spatial() * Cg, [&](int64_t task) {
     const int64_t ci = task % Cg, s = task / Cg % S, r = task / (Cg * S) % R,
                   t = task / (Cg * S * R);
-    std::vector<double> acc(size_t(K), 0.0);
-    for (int64_t n = 0; n < p.N; ++n)
-      for (int64_t z = 0; z < Z; ++z) {
-        const int64_t id = in_idx(p, 0, z, t);
-        if (id < 0) continue;
-        for (int64_t pp = 0; pp < P; ++pp) {
-          const int64_t ih = in_idx(p, 1, pp, r);
-          if (ih < 0) continue;
-          for (int64_t q = 0; q < Q; ++q) {
-            const int64_t iw = in_idx(p, 2, q, s);
-            if (iw < 0) continue;
-            const In* xp = x + (((n * D + id) * H + ih) * W + iw) * C + ci;
-            const In* dyp = dy + (((n * Z + z) * P + pp) * Q + q) * K;
-            for (int64_t g = 0; g < p.G; ++g) {
-              const double xv = load_acc(xp[g * Cg]);
-              for (int64_t k = g * Kg; k < (g + 1) * Kg; ++k)
-                acc[size_t(k)] += xv * double(load_acc(dyp[k]));
+    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+      const int64_t k1 = k0 + kChunk < K ? k0 + kChunk : K;
+      double acc[kChunk] = {};
+      for (int64_t n = 0; n < p.N; ++n)
+        for (int64_t z = 0; z < Z; ++z) {
+          const int64_t id = in_idx(p, 0, z, t);
+          if (id < 0) continue;
+          for (int64_t pp = 0; pp < P; ++pp) {
+            const int64_t ih = in_idx(p, 1, pp, r);
+            if (ih < 0) continue;
+            for (int64_t q = 0; q < Q; ++q) {
+              const int64_t iw = in_idx(p, 2, q, s);
+              if (iw < 0) continue;
+              const In* xp = x + (((n * D + id) * H + ih) * W + iw) * C + ci;
+              const In* dyp = dy + (((n * Z + z) * P + pp) * Q + q) * K;
+              for (int64_t k = k0; k < k1; ++k)
+                acc[k - k0] += double(load_acc(xp[(k / Kg) * Cg])) * double(load_acc(dyp[k]));
             }
           }
         }
-      }
-    Out* dwp = dw + task * K;
-    for (int64_t k = 0; k < K; ++k) dwp[k] = store_as<Out>(acc[size_t(k)]);
+      for (int64_t k = k0; k < k1; ++k) dw[task * K + k] = store_as<Out>(acc[k - k0]);
+    }
   });
 }
 
 Support supports(const Args&) { return Support::Yes(); }
 
-int64_t workspace_bytes(const Args& a, int num_threads) {
-  // bwd_filter keeps one row of K double accumulators per running task.
-  return a.dir == Direction::kBwdFilter ? int64_t(num_threads) * a.p.K * 8 : 0;
-}
+int64_t workspace_bytes(const Args&, int) { return 0; }
 
 Status run(const Args& a, const Buffers& b, const Parallel& par) {
   const Problem& p = a.p;

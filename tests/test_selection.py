@@ -1,0 +1,230 @@
+"""Algorithm selection: config, policy filters, benchmark mode and its persistent cache, find,
+explain. Fake registries and timings make the logic testable without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdnn
+from jaxdnn import _config, algo, tuning
+from jaxdnn.ops import conv as conv_mod
+
+SPEC = jaxdnn.conv_problem(jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32),
+                           jax.ShapeDtypeStruct((3, 3, 4, 8), jnp.float32), padding=1).spec
+
+
+def fake_registry(monkeypatch, entries):
+    """Replaces the compiled registry with `entries`: (name, supported, ws, deterministic)."""
+    def fake(spec, direction, in_dtype, out_dtype, platform):
+        return [algo.AlgoInfo(name=n, direction=direction, platform=platform, supported=s,
+                              reason="" if s else "not for this problem", workspace_bytes=ws,
+                              deterministic=d, tensor_cores=False, rank=i if s else None)
+                for i, (n, s, ws, d) in enumerate(entries)]
+    monkeypatch.setattr(algo, "conv_algorithms", fake)
+
+
+ENTRIES = [("fast_nondet", True, 1 << 20, False), ("medium", True, 4096, True),
+           ("direct", True, 0, True), ("unsupported", False, 0, True)]
+
+
+def select(policy=(False, False, -1), forced=None, finder=None):
+    return algo.select_conv_algorithm(SPEC, "fwd", np.float32, np.float32, "cpu", forced, policy,
+                                      finder)
+
+
+def test_heuristic_takes_the_first_ranked(monkeypatch):
+    fake_registry(monkeypatch, ENTRIES)
+    c = select()
+    assert (c.name, c.reason, c.workspace_bytes) == ("fast_nondet", "heuristic", 1 << 20)
+
+
+def test_deterministic_and_workspace_limits(monkeypatch):
+    fake_registry(monkeypatch, ENTRIES)
+    c = select((False, True, -1))
+    assert c.name == "medium" and ("fast_nondet", "not deterministic") in c.excluded
+    c = select((False, False, 10_000))
+    assert c.name == "medium" and c.excluded[0][0] == "fast_nondet"
+    c = select((False, False, 0))
+    assert c.name == "direct" and c.workspace_bytes == 0
+    assert "needs 4096 workspace bytes > limit 0" in c.describe()
+
+
+def test_forced_errors(monkeypatch):
+    fake_registry(monkeypatch, ENTRIES)
+    assert select(forced="medium").reason == "forced"
+    with pytest.raises(ValueError, match="cannot run.*not for this problem.*Algorithms that can: "
+                                         "fast_nondet, medium, direct"):
+        select(forced="unsupported")
+    with pytest.raises(ValueError, match="unknown conv algorithm 'nope'"):
+        select(forced="nope")
+    with pytest.raises(ValueError, match="excluded by jaxdnn.config: not deterministic"):
+        select((False, True, -1), forced="fast_nondet")
+
+
+def fake_finder(times, calls=None):
+    def finder(spec, direction, in_dtype, out_dtype, platform):
+        if calls is not None:
+            calls.append(direction)
+        return [dict(name=n, time_s=t, ok=t is not None, error=0.0, reason="",
+                     workspace_bytes=0, deterministic=True) if t is not None else
+                dict(name=n, time_s=float("inf"), ok=False, error=1.0, reason="wrong result",
+                     workspace_bytes=0, deterministic=True) for n, t in times.items()]
+    return finder
+
+
+def test_benchmark_mode_picks_the_fastest_and_caches(monkeypatch, tmp_path):
+    fake_registry(monkeypatch, ENTRIES)
+    calls = []
+    finder = fake_finder({"fast_nondet": 3e-3, "medium": 1e-3, "direct": 2e-3}, calls)
+    with jaxdnn.config(cache_dir=str(tmp_path)):
+        c = select((True, False, -1), finder=finder)
+        assert (c.name, c.reason) == ("medium", "benchmark (measured)")
+        c = select((True, False, -1), finder=finder)
+        assert (c.name, c.reason) == ("medium", "benchmark (cached)")
+        assert calls == ["fwd"]
+        # The cached timings serve other policies too: the workspace limit leaves direct.
+        assert select((True, False, 0), finder=finder).name == "direct"
+        assert calls == ["fwd"]
+    (path,) = tmp_path.glob("conv-cpu-*.json")
+    doc = json.loads(path.read_text())
+    assert doc["jaxdnn"] == jaxdnn.__version__ and len(doc["entries"]) == 1
+
+
+def test_benchmark_mode_skips_wrong_algorithms(monkeypatch, tmp_path):
+    fake_registry(monkeypatch, ENTRIES)
+    finder = fake_finder({"fast_nondet": None, "medium": 2e-3, "direct": 1e-2})
+    with jaxdnn.config(cache_dir=str(tmp_path)):
+        assert select((True, False, -1), finder=finder).name == "medium"
+
+
+def test_config_is_global_and_a_context_manager():
+    before = _config.settings()
+    with jaxdnn.config(deterministic=True, workspace_limit=0) as s:
+        assert s.deterministic and s.workspace_limit == 0
+        assert _config.settings().policy() == (before.benchmark, True, 0)
+    assert _config.settings() == before
+    jaxdnn.config(benchmark=True)
+    try:
+        assert _config.settings().benchmark
+    finally:
+        jaxdnn.config(benchmark=before.benchmark)
+    with pytest.raises(TypeError, match="`benchmark` must be a bool"):
+        jaxdnn.config(benchmark="yes")
+    with pytest.raises(ValueError, match="workspace_limit"):
+        jaxdnn.config(workspace_limit=-5)
+
+
+def test_config_from_environment():
+    s = _config.from_environment({"JAXDNN_BENCHMARK": "1", "JAXDNN_DETERMINISTIC": "true",
+                                  "JAXDNN_WORKSPACE_LIMIT": "512M", "JAXDNN_CACHE_DIR": "/x"})
+    assert (s.benchmark, s.deterministic, s.workspace_limit, s.cache_dir) == (
+        True, True, 512 << 20, "/x")
+    assert _config.from_environment({}).workspace_limit is None
+    with pytest.raises(ValueError, match="JAXDNN_BENCHMARK"):
+        _config.from_environment({"JAXDNN_BENCHMARK": "maybe"})
+    with pytest.raises(ValueError, match="JAXDNN_WORKSPACE_LIMIT"):
+        _config.from_environment({"JAXDNN_WORKSPACE_LIMIT": "lots"})
+
+
+def test_policy_is_recorded_at_trace_time():
+    x, w = jnp.ones((1, 6, 6, 2)), jnp.ones((3, 3, 2, 2))
+    with jaxdnn.config(deterministic=True, workspace_limit=0):
+        (p,) = jaxdnn.conv_problems(partial(jaxdnn.conv, padding=1), x, w)
+    assert p.policy == (_config.settings().benchmark, True, 0)
+
+
+# ---- the cache file --------------------------------------------------------------------------
+
+def test_cache_survives_processes_and_concurrent_writers(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        from jaxdnn import tuning
+        c = tuning.TuningCache({str(tmp_path)!r}, "cpu", "v-test", device="dev")
+        for i in range(20):
+            c.put(f"{{sys.argv[1]}}-{{i}}", [dict(name="a", time_s=float(i))])
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, f"w{k}"]) for k in range(4)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    fresh = tuning.TuningCache(str(tmp_path), "cpu", "v-test", device="dev")
+    for k in range(4):
+        for i in range(20):
+            assert fresh.get(f"w{k}-{i}") == [dict(name="a", time_s=float(i))]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{not json", "unreadable"),
+    (json.dumps({"format": 1, "jaxdnn": "v-test", "device": "other", "entries": {}}), "another"),
+    (json.dumps({"format": 1, "jaxdnn": "v-old", "device": "dev", "entries": {}}), "another"),
+    (json.dumps([1, 2]), "malformed"),
+])
+def test_corrupt_or_foreign_cache_is_rebuilt(tmp_path, content, match):
+    c = tuning.TuningCache(str(tmp_path), "cpu", "v-test", device="dev")
+    with open(c.path, "w") as f:
+        f.write(content)
+    with pytest.warns(RuntimeWarning, match=match):
+        assert c.get("k") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c.put("k", [{"name": "a"}])
+    doc = json.loads(open(c.path).read())
+    assert doc["device"] == "dev" and doc["entries"] == {"k": [{"name": "a"}]}
+
+
+def test_cache_file_name_carries_the_device(tmp_path):
+    c = tuning.TuningCache(str(tmp_path), "cuda", "v", device="NVIDIA H200 sm_90")
+    assert os.path.basename(c.path) == "conv-cuda-NVIDIA_H200_sm_90.json"
+
+
+# ---- find and explain on the real CPU registry ------------------------------------------------
+
+def test_find_times_and_checks_every_algorithm():
+    p = jaxdnn.conv_problem(jax.ShapeDtypeStruct((2, 10, 10, 8), jnp.float32),
+                            jax.ShapeDtypeStruct((3, 3, 8, 8), jnp.float32), padding=1)
+    results = jaxdnn.find_conv_algorithms(p, "cpu", repeats=2)
+    names = {r.name for r in results}
+    assert names == {a.name for a in jaxdnn.conv_algorithms(p, "cpu")}
+    assert all(r.ok and r.time_s > 0 and r.error < 1e-5 for r in results)
+    assert [r.time_s for r in results] == sorted(r.time_s for r in results)
+
+
+def test_find_rejects_a_wrong_algorithm(monkeypatch):
+    """An injected algorithm that is 1% off is measured but rejected, never chosen."""
+    real = conv_mod._run_algorithm
+    fake_registry(monkeypatch, [("broken", True, 0, True), ("direct", True, 0, True)])
+
+    def run(name, direction, spec, out_dtype):
+        fn = real("direct", direction, spec, out_dtype)
+        return (lambda a, b: fn(a, b) * 1.01) if name == "broken" else fn
+
+    monkeypatch.setattr(conv_mod, "_run_algorithm", run)
+    p = jaxdnn.conv_problem(jax.ShapeDtypeStruct((1, 6, 6, 2), jnp.float32),
+                            jax.ShapeDtypeStruct((3, 3, 2, 2), jnp.float32), padding=1)
+    results = {r.name: r for r in jaxdnn.find_conv_algorithms(p, "cpu", repeats=1)}
+    assert not results["broken"].ok and "wrong result" in results["broken"].reason
+    assert results["broken"].error == pytest.approx(0.01, rel=1e-3)
+    assert results["direct"].ok
+
+
+def test_explain_lists_every_call_with_reasons():
+    x, w = jnp.ones((2, 8, 8, 3)), jnp.ones((3, 3, 3, 4))
+    f = jax.value_and_grad(lambda w, x: jnp.sum(jaxdnn.conv(x, w, padding=1)))
+    rows = jaxdnn.explain(f, w, x, platform="cpu")
+    assert [r.direction for r in rows] == ["fwd", "bwd_filter"]
+    assert all(r.reason.startswith("heuristic") for r in rows)
+    with jaxdnn.config(workspace_limit=0):
+        rows = jaxdnn.explain(f, w, x, platform="cpu")
+    assert all(r.workspace_bytes == 0 for r in rows)
+    forced = jaxdnn.explain(lambda x, w: jaxdnn.conv(x, w, algo="direct"), x, w, platform="cpu")
+    assert forced[0].reason == "forced" and "direct" in str(forced)
