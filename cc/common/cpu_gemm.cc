@@ -1,0 +1,301 @@
+// The GEMM of cpu_gemm.h: microkernels, packing, and the run-time choice of instruction set.
+//
+// The microkernel and A packing are written once with GCC vector extensions (a vector of W
+// elements of T) and instantiated three times inside functions compiled for AVX-512, AVX2+FMA
+// and baseline x86-64 (target attributes); the vector code takes the instruction set of the
+// function it is inlined into. __builtin_cpu_supports picks one at the first call;
+// JAXDNN_CPU_ISA=avx2|generic forces a lesser one (for testing those paths).
+
+#include "cc/common/cpu_gemm.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace jaxdnn::gemm {
+namespace {
+
+enum class Isa { kAvx512, kAvx2, kGeneric };
+
+// Register tile (MR, NV vectors of W) and cache blocking per instruction set and type.
+//   AVX-512 (32 zmm): float (14, 32), double (14, 16): 28 accumulators, 2 B vectors, 1
+//     broadcast. kc * NR * sizeof(T) = 32 KB of B streamed per tile; (kc, nc) panel 512 KB.
+//   AVX2 (16 ymm): (6, 2 vectors): 12 accumulators.   Generic (16 xmm): (4, 2 vectors).
+template <Isa I, typename T> struct Tile;
+template <> struct Tile<Isa::kAvx512, float> {
+  static constexpr int W = 16, MR = 14, NV = 2, KC = 256, NC = 512;
+};
+template <> struct Tile<Isa::kAvx512, double> {
+  static constexpr int W = 8, MR = 14, NV = 2, KC = 256, NC = 256;
+};
+template <> struct Tile<Isa::kAvx2, float> {
+  static constexpr int W = 8, MR = 6, NV = 2, KC = 256, NC = 512;
+};
+template <> struct Tile<Isa::kAvx2, double> {
+  static constexpr int W = 4, MR = 6, NV = 2, KC = 256, NC = 256;
+};
+template <> struct Tile<Isa::kGeneric, float> {
+  static constexpr int W = 4, MR = 4, NV = 2, KC = 256, NC = 512;
+};
+template <> struct Tile<Isa::kGeneric, double> {
+  static constexpr int W = 2, MR = 4, NV = 2, KC = 256, NC = 256;
+};
+
+// Largest packed A strip and C tile over all instruction sets (stack buffers of gemm_block).
+constexpr int64_t kMaxApackBytes = 14 * 256 * 8;
+constexpr int64_t kMaxTileBytes = 14 * 32 * 4;
+
+// C (MR, NR) (+)= A_strip (kc, MR) . B_strip (kc, NR), NR = NV * W, both strips packed
+// k-major. The tile lives in MR * NV vector registers; per k: NV loads of B, MR broadcasts of A.
+template <typename T, int W, int MR, int NV>
+[[gnu::always_inline]] inline void kernel_body(int64_t kc, const T* __restrict a,
+                                               const T* __restrict b, T* __restrict c,
+                                               int64_t ldc, bool accumulate) {
+  typedef T V __attribute__((vector_size(sizeof(T) * W)));
+  constexpr int NR = W * NV;
+  V acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+  for (int64_t k = 0; k < kc; ++k, a += MR, b += NR) {
+    V bv[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) std::memcpy(&bv[j], b + j * W, sizeof(V));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const V av = a[i] - V{};  // broadcast (x - 0 is x for every x, so this folds away)
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      T* cp = c + i * ldc + j * W;
+      V out = acc[i][j];
+      if (accumulate) {
+        V old;
+        std::memcpy(&old, cp, sizeof(V));
+        out += old;
+      }
+      std::memcpy(cp, &out, sizeof(V));
+    }
+}
+
+// Packs rows [0, mr) of A (mr, kc) k-major into dst (kc, MR), zero rows from mr to MR.
+template <int MR, typename Src, typename T>
+[[gnu::always_inline]] inline void pack_a_body(Mat<Src> a, int64_t mr, int64_t kc,
+                                               T* __restrict dst) {
+  if (a.rs == 1) {  // columns of A contiguous: a run of mr per k
+    for (int64_t k = 0; k < kc; ++k) {
+      const Src* s = a.data + k * a.cs;
+      for (int64_t i = 0; i < mr; ++i) dst[k * MR + i] = T(load_acc(s[i]));
+      for (int64_t i = mr; i < MR; ++i) dst[k * MR + i] = T(0);
+    }
+    return;
+  }
+  if (mr == MR && a.cs == 1) {  // rows contiguous, full strip: a transpose
+    for (int64_t k = 0; k < kc; ++k)
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) dst[k * MR + i] = T(load_acc(a.data[i * a.rs + k]));
+    return;
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    for (int64_t i = 0; i < mr; ++i) dst[k * MR + i] = T(load_acc(a.data[i * a.rs + k * a.cs]));
+    for (int64_t i = mr; i < MR; ++i) dst[k * MR + i] = T(0);
+  }
+}
+
+#define JAXDNN_TARGET_AVX512 "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,bmi,bmi2,f16c"
+#define JAXDNN_TARGET_AVX2 "avx2,fma,bmi,bmi2,f16c"
+
+template <typename T>
+[[gnu::target(JAXDNN_TARGET_AVX512)]] void kernel_avx512(int64_t kc, const T* a, const T* b, T* c,
+                                                          int64_t ldc, bool accumulate) {
+  using K = Tile<Isa::kAvx512, T>;
+  kernel_body<T, K::W, K::MR, K::NV>(kc, a, b, c, ldc, accumulate);
+}
+template <typename T>
+[[gnu::target(JAXDNN_TARGET_AVX2)]] void kernel_avx2(int64_t kc, const T* a, const T* b, T* c,
+                                                      int64_t ldc, bool accumulate) {
+  using K = Tile<Isa::kAvx2, T>;
+  kernel_body<T, K::W, K::MR, K::NV>(kc, a, b, c, ldc, accumulate);
+}
+template <typename T>
+void kernel_generic(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool accumulate) {
+  using K = Tile<Isa::kGeneric, T>;
+  kernel_body<T, K::W, K::MR, K::NV>(kc, a, b, c, ldc, accumulate);
+}
+
+template <typename T, typename Src>
+[[gnu::target(JAXDNN_TARGET_AVX512)]] void pack_a_avx512(Mat<Src> a, int64_t mr, int64_t kc,
+                                                          T* dst) {
+  pack_a_body<Tile<Isa::kAvx512, T>::MR>(a, mr, kc, dst);
+}
+template <typename T, typename Src>
+[[gnu::target(JAXDNN_TARGET_AVX2)]] void pack_a_avx2(Mat<Src> a, int64_t mr, int64_t kc, T* dst) {
+  pack_a_body<Tile<Isa::kAvx2, T>::MR>(a, mr, kc, dst);
+}
+template <typename T, typename Src>
+void pack_a_generic(Mat<Src> a, int64_t mr, int64_t kc, T* dst) {
+  pack_a_body<Tile<Isa::kGeneric, T>::MR>(a, mr, kc, dst);
+}
+
+Isa detect_isa() {
+  __builtin_cpu_init();
+  Isa best = Isa::kGeneric;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
+  if (best == Isa::kAvx2 && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq"))
+    best = Isa::kAvx512;
+  const char* force = std::getenv("JAXDNN_CPU_ISA");
+  if (force != nullptr) {
+    const std::string f = force;
+    if (f == "generic") best = Isa::kGeneric;
+    if (f == "avx2" && best == Isa::kAvx512) best = Isa::kAvx2;
+  }
+  return best;
+}
+
+Isa the_isa() {
+  static const Isa isa = detect_isa();
+  return isa;
+}
+
+template <Isa I, typename T>
+Blocking blocking_of() {
+  using K = Tile<I, T>;
+  static_assert(K::MR * K::KC * int64_t(sizeof(T)) <= kMaxApackBytes);
+  static_assert(K::MR * K::W * K::NV * int64_t(sizeof(T)) <= kMaxTileBytes);
+  static_assert(K::NC % (K::W * K::NV) == 0);
+  return {K::MR, K::W * K::NV, K::KC, K::NC};
+}
+
+// The chosen microkernel and A packing for (T, Src).
+template <typename T, typename Src>
+struct Impl {
+  Blocking blk;
+  void (*kernel)(int64_t, const T*, const T*, T*, int64_t, bool);
+  void (*pack_a)(Mat<Src>, int64_t, int64_t, T*);
+};
+
+template <typename T, typename Src>
+const Impl<T, Src>& impl() {
+  static const Impl<T, Src> chosen = [] {
+    switch (the_isa()) {
+      case Isa::kAvx512:
+        return Impl<T, Src>{blocking_of<Isa::kAvx512, T>(), kernel_avx512<T>,
+                            pack_a_avx512<T, Src>};
+      case Isa::kAvx2:
+        return Impl<T, Src>{blocking_of<Isa::kAvx2, T>(), kernel_avx2<T>, pack_a_avx2<T, Src>};
+      case Isa::kGeneric: break;
+    }
+    return Impl<T, Src>{blocking_of<Isa::kGeneric, T>(), kernel_generic<T>,
+                        pack_a_generic<T, Src>};
+  }();
+  return chosen;
+}
+
+}  // namespace
+
+const char* isa() {
+  switch (the_isa()) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kGeneric: break;
+  }
+  return "generic";
+}
+
+template <typename T>
+const Blocking& blocking() {
+  return impl<T, T>().blk;
+}
+
+template <typename T>
+KBlocks k_blocks(int64_t k) {
+  if (k <= 0) return {0, 1};
+  const int64_t kc_max = blocking<T>().kc_max;
+  const int64_t count = (k + kc_max - 1) / kc_max;
+  return {count, (k + count - 1) / count};
+}
+
+template <typename T>
+int64_t packed_b_elems(int64_t k, int64_t n) {
+  const int64_t nr = blocking<T>().nr;
+  return k * ((n + nr - 1) / nr * nr);
+}
+
+template <typename T>
+const T* packed_b_panel(const T* packed, int64_t k, int64_t n, int64_t b, int64_t j) {
+  const int64_t nr = blocking<T>().nr;
+  const KBlocks kb = k_blocks<T>(k);
+  return packed + kb.begin(b) * ((n + nr - 1) / nr * nr) + (j / nr) * kb.len(b, k) * nr;
+}
+
+template <typename T, typename Src>
+void pack_b_strip(Mat<Src> b, int64_t k, int64_t n, int64_t strip, T* packed) {
+  const int64_t nr_full = blocking<T>().nr;
+  const int64_t j0 = strip * nr_full, nr = std::min(nr_full, n - j0);
+  const KBlocks kb = k_blocks<T>(k);
+  for (int64_t blk = 0; blk < kb.count; ++blk) {
+    const int64_t k0 = kb.begin(blk), kc = kb.len(blk, k);
+    T* dst = const_cast<T*>(packed_b_panel<T>(packed, k, n, blk, j0));
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const Src* row = b.data + (k0 + kk) * b.rs + j0 * b.cs;
+      T* d = dst + kk * nr_full;
+      for (int64_t q = 0; q < nr; ++q) d[q] = T(load_acc(row[q * b.cs]));
+      for (int64_t q = nr; q < nr_full; ++q) d[q] = T(0);
+    }
+  }
+}
+
+template <typename T, typename Src>
+void gemm_block(int64_t m, int64_t n, int64_t kc, Mat<Src> a, const T* b_panel, T* c, int64_t ldc,
+                bool accumulate) {
+  const Impl<T, Src>& im = impl<T, Src>();
+  const int64_t MR = im.blk.mr, NR = im.blk.nr;
+  alignas(64) T apack[kMaxApackBytes / sizeof(T)];  // (kc, MR): this strip of A, k-major
+  alignas(64) T tile[kMaxTileBytes / sizeof(T)];    // (MR, NR): an edge tile of C
+  for (int64_t i = 0; i < m; i += MR) {
+    const int64_t mr = std::min(MR, m - i);
+    im.pack_a(a.sub(i, 0), mr, kc, apack);
+    for (int64_t j = 0; j < n; j += NR) {
+      const int64_t nr = std::min(NR, n - j);
+      const T* bs = b_panel + (j / NR) * kc * NR;
+      T* cij = c + i * ldc + j;
+      if (mr == MR && nr == NR) {
+        im.kernel(kc, apack, bs, cij, ldc, accumulate);
+        continue;
+      }
+      im.kernel(kc, apack, bs, tile, NR, false);
+      for (int64_t r = 0; r < mr; ++r)
+        for (int64_t q = 0; q < nr; ++q)
+          cij[r * ldc + q] = accumulate ? cij[r * ldc + q] + tile[r * NR + q] : tile[r * NR + q];
+    }
+  }
+}
+
+// Instantiations: float GEMMs read float, bfloat16 or float16 sources; double GEMMs double.
+#define JAXDNN_GEMM_TYPE(T)                                                        \
+  template const Blocking& blocking<T>();                                          \
+  template KBlocks k_blocks<T>(int64_t);                                           \
+  template int64_t packed_b_elems<T>(int64_t, int64_t);                            \
+  template const T* packed_b_panel<T>(const T*, int64_t, int64_t, int64_t, int64_t);
+#define JAXDNN_GEMM_SRC(T, Src)                                                          \
+  template void pack_b_strip<T, Src>(Mat<Src>, int64_t, int64_t, int64_t, T*);          \
+  template void gemm_block<T, Src>(int64_t, int64_t, int64_t, Mat<Src>, const T*, T*, \
+                                   int64_t, bool);
+JAXDNN_GEMM_TYPE(float)
+JAXDNN_GEMM_TYPE(double)
+JAXDNN_GEMM_SRC(float, float)
+JAXDNN_GEMM_SRC(float, bf16_t)
+JAXDNN_GEMM_SRC(float, f16_t)
+JAXDNN_GEMM_SRC(double, double)
+#undef JAXDNN_GEMM_TYPE
+#undef JAXDNN_GEMM_SRC
+
+}  // namespace jaxdnn::gemm
