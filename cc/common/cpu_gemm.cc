@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace jaxdnn::gemm {
 namespace {
@@ -45,12 +46,14 @@ template <> struct Tile<Isa::kGeneric, double> {
 constexpr int64_t kMaxApackBytes = 14 * 256 * 8;
 constexpr int64_t kMaxTileBytes = 14 * 32 * 4;
 
-// C (MR, NR) (+)= A_strip (kc, MR) . B_strip (kc, NR), NR = NV * W, both strips packed
-// k-major. The tile lives in MR * NV vector registers; per k: NV loads of B, MR broadcasts of A.
+// C (MR, NR) (+)= A (MR, kc) . B_strip (kc, NR), NR = NV * W. B is packed k-major; A is read
+// in place with strides (element (i, k) at a[i * ars + k * acs]): a packed strip (1, MR), the
+// rows of a row-major matrix (lda, 1) or the columns of a transposed one (1, ld). The tile
+// lives in MR * NV vector registers; per k: NV loads of B and MR broadcasts of A.
 template <typename T, int W, int MR, int NV>
-[[gnu::always_inline]] inline void kernel_body(int64_t kc, const T* __restrict a,
-                                               const T* __restrict b, T* __restrict c,
-                                               int64_t ldc, bool accumulate) {
+[[gnu::always_inline]] inline void kernel_body(int64_t kc, const T* __restrict a, int64_t ars,
+                                               int64_t acs, const T* __restrict b,
+                                               T* __restrict c, int64_t ldc, bool accumulate) {
   typedef T V __attribute__((vector_size(sizeof(T) * W)));
   constexpr int NR = W * NV;
   V acc[MR][NV];
@@ -58,13 +61,13 @@ template <typename T, int W, int MR, int NV>
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) acc[i][j] = V{};
-  for (int64_t k = 0; k < kc; ++k, a += MR, b += NR) {
+  for (int64_t k = 0; k < kc; ++k, a += acs, b += NR) {
     V bv[NV];
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) std::memcpy(&bv[j], b + j * W, sizeof(V));
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const V av = a[i] - V{};  // broadcast (x - 0 is x for every x, so this folds away)
+      const V av = a[i * ars] - V{};  // broadcast (x - 0 is x for every x: folds away)
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
     }
@@ -112,21 +115,24 @@ template <int MR, typename Src, typename T>
 #define JAXDNN_TARGET_AVX2 "avx2,fma,bmi,bmi2,f16c"
 
 template <typename T>
-[[gnu::target(JAXDNN_TARGET_AVX512)]] void kernel_avx512(int64_t kc, const T* a, const T* b, T* c,
-                                                          int64_t ldc, bool accumulate) {
+[[gnu::target(JAXDNN_TARGET_AVX512)]] void kernel_avx512(int64_t kc, const T* a, int64_t ars, int64_t acs,
+                                                          const T* b, T* c, int64_t ldc,
+                                                          bool accumulate) {
   using K = Tile<Isa::kAvx512, T>;
-  kernel_body<T, K::W, K::MR, K::NV>(kc, a, b, c, ldc, accumulate);
+  kernel_body<T, K::W, K::MR, K::NV>(kc, a, ars, acs, b, c, ldc, accumulate);
 }
 template <typename T>
-[[gnu::target(JAXDNN_TARGET_AVX2)]] void kernel_avx2(int64_t kc, const T* a, const T* b, T* c,
-                                                      int64_t ldc, bool accumulate) {
+[[gnu::target(JAXDNN_TARGET_AVX2)]] void kernel_avx2(int64_t kc, const T* a, int64_t ars, int64_t acs,
+                                                      const T* b, T* c, int64_t ldc,
+                                                      bool accumulate) {
   using K = Tile<Isa::kAvx2, T>;
-  kernel_body<T, K::W, K::MR, K::NV>(kc, a, b, c, ldc, accumulate);
+  kernel_body<T, K::W, K::MR, K::NV>(kc, a, ars, acs, b, c, ldc, accumulate);
 }
 template <typename T>
-void kernel_generic(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool accumulate) {
+void kernel_generic(int64_t kc, const T* a, int64_t ars, int64_t acs, const T* b, T* c,
+                    int64_t ldc, bool accumulate) {
   using K = Tile<Isa::kGeneric, T>;
-  kernel_body<T, K::W, K::MR, K::NV>(kc, a, b, c, ldc, accumulate);
+  kernel_body<T, K::W, K::MR, K::NV>(kc, a, ars, acs, b, c, ldc, accumulate);
 }
 
 template <typename T, typename Src>
@@ -178,7 +184,7 @@ Blocking blocking_of() {
 template <typename T, typename Src>
 struct Impl {
   Blocking blk;
-  void (*kernel)(int64_t, const T*, const T*, T*, int64_t, bool);
+  void (*kernel)(int64_t, const T*, int64_t, int64_t, const T*, T*, int64_t, bool);
   void (*pack_a)(Mat<Src>, int64_t, int64_t, T*);
 };
 
@@ -262,16 +268,31 @@ void gemm_block(int64_t m, int64_t n, int64_t kc, Mat<Src> a, const T* b_panel, 
   alignas(64) T tile[kMaxTileBytes / sizeof(T)];    // (MR, NR): an edge tile of C
   for (int64_t i = 0; i < m; i += MR) {
     const int64_t mr = std::min(MR, m - i);
-    im.pack_a(a.sub(i, 0), mr, kc, apack);
+    // A full strip of T is read in place (ars, acs) when it is rows of a row-major A (packing
+    // them would be a transpose) or columns of a transposed one, unless its stride is a
+    // multiple of 4 KB (its lines would all share one L1 set). Otherwise the strip is packed
+    // (converted, zero-padded) into apack.
+    const T* ap = apack;
+    int64_t ars = 1, acs = MR;
+    if constexpr (std::is_same_v<Src, T>) {
+      const int64_t stride = a.cs == 1 ? a.rs : a.rs == 1 ? a.cs : 0;
+      if (mr == MR && stride != 0 && stride * int64_t(sizeof(T)) % 4096 != 0) {
+        ap = a.data + i * a.rs, ars = a.rs, acs = a.cs;
+        if (a.cs == 1 && i + 2 * MR <= m)  // rows may come from memory: fetch the next strip's
+          for (int64_t r = MR; r < 2 * MR; ++r)
+            for (int64_t k = 0; k < kc; k += 64 / int64_t(sizeof(T))) __builtin_prefetch(ap + r * ars + k);
+      }
+    }
+    if (ap == apack) im.pack_a(a.sub(i, 0), mr, kc, apack);
     for (int64_t j = 0; j < n; j += NR) {
       const int64_t nr = std::min(NR, n - j);
       const T* bs = b_panel + (j / NR) * kc * NR;
       T* cij = c + i * ldc + j;
       if (mr == MR && nr == NR) {
-        im.kernel(kc, apack, bs, cij, ldc, accumulate);
+        im.kernel(kc, ap, ars, acs, bs, cij, ldc, accumulate);
         continue;
       }
-      im.kernel(kc, apack, bs, tile, NR, false);
+      im.kernel(kc, ap, ars, acs, bs, tile, NR, false);
       for (int64_t r = 0; r < mr; ++r)
         for (int64_t q = 0; q < nr; ++q)
           cij[r * ldc + q] = accumulate ? cij[r * ldc + q] + tile[r * NR + q] : tile[r * NR + q];

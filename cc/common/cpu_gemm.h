@@ -83,28 +83,35 @@ template <typename T, typename Src>
 void gemm_block(int64_t m, int64_t n, int64_t kc, Mat<Src> a, const T* b_panel, T* c, int64_t ldc,
                 bool accumulate);
 
-// Single-threaded C (m, n) (+)= A (m, k) . B with B packed. A is supplied one k block at a time
-// by a_block(k0, kc) -> Mat<Src> viewing columns [k0, k0 + kc) of A with (0, 0) at (0, k0), so
-// a caller can build A block by block (im2col) instead of holding all of it. With k = 0 and
-// accumulate false, C is zeroed.
+// Single-threaded C (m, nc) (+)= A (m, k) . B[:, j0 : j0 + nc], one panel of the packed B
+// (k, n): j0 a multiple of blocking().nr, nc <= blocking().nc. A is supplied one k block at a
+// time by a_block(k0, kc) -> Mat<Src> viewing columns [k0, k0 + kc) of A with (0, 0) at
+// (0, k0), so a caller can build A block by block (im2col) instead of holding all of it.
+// With k = 0 and accumulate false, C is zeroed.
+template <typename T, typename Src, typename ABlock>
+void gemm_panel(int64_t m, int64_t n, int64_t k, int64_t j0, int64_t nc, ABlock&& a_block,
+                const T* b_packed, T* c, int64_t ldc, bool accumulate) {
+  if (k == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + nc, T(0));
+    return;
+  }
+  const KBlocks kb = k_blocks<T>(k);
+  for (int64_t b = 0; b < kb.count; ++b) {
+    const Mat<Src> a = a_block(kb.begin(b), kb.len(b, k));
+    gemm_block<T, Src>(m, nc, kb.len(b, k), a, packed_b_panel(b_packed, k, n, b, j0), c, ldc,
+                       accumulate || b > 0);
+  }
+}
+
+// Single-threaded C (m, n) (+)= A (m, k) . B with B packed: gemm_panel over every panel.
 template <typename T, typename Src, typename ABlock>
 void gemm_packed(int64_t m, int64_t n, int64_t k, ABlock&& a_block, const T* b_packed, T* c,
                  int64_t ldc, bool accumulate) {
-  if (k == 0) {
-    if (!accumulate)
-      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
-    return;
-  }
-  const Blocking& blk = blocking<T>();
-  const KBlocks kb = k_blocks<T>(k);
-  for (int64_t j0 = 0; j0 < n; j0 += blk.nc) {
-    const int64_t nc = std::min(blk.nc, n - j0);
-    for (int64_t b = 0; b < kb.count; ++b) {
-      const Mat<Src> a = a_block(kb.begin(b), kb.len(b, k));
-      gemm_block<T, Src>(m, nc, kb.len(b, k), a, packed_b_panel(b_packed, k, n, b, j0), c + j0,
-                         ldc, accumulate || b > 0);
-    }
-  }
+  const int64_t nc = blocking<T>().nc;
+  for (int64_t j0 = 0; j0 < n; j0 += nc)
+    gemm_panel<T, Src>(m, n, k, j0, std::min(nc, n - j0), a_block, b_packed, c + j0, ldc,
+                       accumulate);
 }
 
 }  // namespace jaxdnn::gemm

@@ -36,9 +36,8 @@ namespace {
 
 using gemm::Mat;
 
-constexpr int64_t kMaxChunkRows = 256;     // rows of a fwd / pointwise chunk
-constexpr int64_t kDcolBytes = 1 << 20;    // a bwd_data dcol chunk per worker
-constexpr int64_t kFilterMaxRows = 224;    // rows of F*Cg in a bwd_filter task tile
+constexpr int64_t kMaxChunkRows = 256;   // rows of M in one chunk (fwd, bwd_data)
+constexpr int64_t kFilterMaxRows = 224;  // rows of F*Cg in a bwd_filter task tile
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -55,117 +54,106 @@ bool pointwise(const Problem& p) {
   return true;
 }
 
-// Input index along axis a read by output o through tap f, or -1 on padding or a hole.
-int64_t tap_input(const Problem& p, int a, int64_t o, int64_t f) {
-  return input_index(dilated_coord(o, f, p.stride[a], p.pad_lo[a], p.rhs_dil[a]), p.in[a],
-                     p.lhs_dil[a]);
+// Input index read through dilated coordinate u along axis a, or -1 (padding or a hole).
+int64_t input_at(const Problem& p, int a, int64_t u) {
+  if (p.lhs_dil[a] == 1) return u >= 0 && u < p.in[a] ? u : -1;  // no division
+  return input_index(u, p.in[a], p.lhs_dil[a]);
 }
 
-// Taps s of the last axis that read real inputs for an output whose first tap reads dilated
-// coordinate u0, when rhs and lhs dilation are 1 there: [lo, hi), possibly empty.
-void valid_taps(const Problem& p, int64_t u0, int64_t* lo, int64_t* hi) {
-  const int64_t S = p.filt[2];
-  *lo = std::clamp<int64_t>(-u0, 0, S);
-  *hi = std::max(*lo, std::clamp<int64_t>(p.in[2] - u0, 0, S));
-}
-
-template <typename In, typename T>
-void copy_run(const In* src, int64_t len, T* dst) {
-  if constexpr (std::is_same_v<In, T>) {
-    std::memcpy(dst, src, size_t(len) * sizeof(T));
-  } else {
-    for (int64_t i = 0; i < len; ++i) dst[i] = T(load_acc(src[i]));
-  }
-}
-
-template <typename T>
-void zero_run(T* dst, int64_t len) {
-  if (len > 0) std::fill(dst, dst + len, T(0));
-}
-
-// Columns [j0, j1) of rows [m0, m0 + rows) of col_g into dst (rows, j1 - j0), pitch ld.
-// Column j = ((t*R + r)*S + s)*Cg + c; a (t, r) "segment" is S*Cg consecutive columns, which
-// with one group and no dilation along W are also consecutive in x (one copy per segment).
-template <typename In, typename T>
-void im2col(const Problem& p, const In* x, int64_t g, int64_t m0, int64_t rows, int64_t j0,
-            int64_t j1, T* dst, int64_t ld) {
-  const int64_t D = p.in[0], H = p.in[1], W = p.in[2], C = p.C, Cg = p.Cg();
+// Walks columns [j0, j1) of rows [m0, m0 + rows) of the col matrix of one group,
+//   col[m, j = ((t*R + r)*S + s)*Cg + c] = x[input position of (m, tap t r s), c],
+// as runs: fn(row, j, len, pos, c0) says that columns [j, j + len) of that row read
+// channels c0, c0 + 1, ... of input position pos (flattened n, d, h, w), or padding when
+// pos < 0. Without `merge` a run stays inside one tap, so len <= Cg. With `merge` (no
+// dilation along W, and the caller's layout holds exactly Cg channels per position) a run
+// covers every valid tap s of a (t, r) segment: consecutive columns are then consecutive
+// (pos, c) elements, i.e. element pos*Cg + c0 + i.
+template <typename Fn>
+void for_each_run(const Problem& p, int64_t m0, int64_t rows, int64_t j0, int64_t j1, bool merge,
+                  Fn&& fn) {
+  const int64_t D = p.in[0], H = p.in[1], W = p.in[2], Cg = p.Cg();
   const int64_t Z = p.out[0], P = p.out[1], Q = p.out[2], R = p.filt[1], S = p.filt[2];
   const int64_t seg = S * Cg;
-  const bool contiguous = p.G == 1 && p.rhs_dil[2] == 1 && p.lhs_dil[2] == 1;
+  if (rows <= 0 || j1 <= j0) return;
+  // (n, z, pp, q) of row m0, then stepped row by row.
+  int64_t q = m0 % Q, pp = m0 / Q % P, z = m0 / (Q * P) % Z, n = m0 / (Q * P * Z);
   for (int64_t row = 0; row < rows; ++row) {
-    const int64_t m = m0 + row;
-    const int64_t q = m % Q, pp = m / Q % P, z = m / (Q * P) % Z, n = m / (Q * P * Z);
     const int64_t u0 = dilated_coord(q, 0, p.stride[2], p.pad_lo[2], p.rhs_dil[2]);
-    T* out = dst + row * ld - j0;  // out[j] is column j
-    for (int64_t tr = j0 / seg; tr * seg < j1; ++tr) {
+    int64_t s_lo = 0, s_hi = 0;  // taps of a merged run: 0 <= u0 + s < W
+    if (merge) {
+      s_lo = std::clamp<int64_t>(-u0, 0, S);
+      s_hi = std::max(s_lo, std::clamp<int64_t>(W - u0, 0, S));
+    }
+    for (int64_t tr = j0 / seg, t = tr / R, r = tr % R; tr * seg < j1; ++tr) {
       const int64_t base = tr * seg, lo = std::max(j0, base), hi = std::min(j1, base + seg);
-      const int64_t id = tap_input(p, 0, z, tr / R), ih = tap_input(p, 1, pp, tr % R);
+      const int64_t id = input_at(p, 0, dilated_coord(z, t, p.stride[0], p.pad_lo[0], p.rhs_dil[0]));
+      const int64_t ih = input_at(p, 1, dilated_coord(pp, r, p.stride[1], p.pad_lo[1], p.rhs_dil[1]));
+      if (++r == R) r = 0, ++t;
       if (id < 0 || ih < 0) {
-        zero_run(out + lo, hi - lo);
+        fn(row, lo, hi - lo, int64_t(-1), int64_t(0));
         continue;
       }
-      const In* xrow = x + ((n * D + id) * H + ih) * W * C + g * Cg;  // x[n, id, ih, 0, g*Cg]
-      if (contiguous) {  // column base + s*Cg + c is x[.., u0 + s, c]
-        int64_t s_lo, s_hi;
-        valid_taps(p, u0, &s_lo, &s_hi);
+      const int64_t wpos = ((n * D + id) * H + ih) * W;  // position of x[n, id, ih, 0]
+      if (merge) {
         const int64_t a = std::clamp(base + s_lo * Cg, lo, hi), b = std::clamp(base + s_hi * Cg, a, hi);
-        zero_run(out + lo, a - lo);
-        copy_run(xrow + u0 * Cg + (a - base), b - a, out + a);
-        zero_run(out + b, hi - b);
+        if (a > lo) fn(row, lo, a - lo, int64_t(-1), int64_t(0));
+        if (b > a) fn(row, a, b - a, wpos + u0 + (a - base) / Cg, (a - base) % Cg);
+        if (hi > b) fn(row, b, hi - b, int64_t(-1), int64_t(0));
         continue;
       }
       for (int64_t s = (lo - base) / Cg; base + s * Cg < hi; ++s) {
         const int64_t a = std::max(lo, base + s * Cg), b = std::min(hi, base + (s + 1) * Cg);
-        const int64_t iw = input_index(u0 + s * p.rhs_dil[2], W, p.lhs_dil[2]);
-        if (iw < 0)
-          zero_run(out + a, b - a);
-        else
-          copy_run(xrow + iw * C + (a - base - s * Cg), b - a, out + a);
+        const int64_t iw = input_at(p, 2, u0 + s * p.rhs_dil[2]);
+        fn(row, a, b - a, iw < 0 ? int64_t(-1) : wpos + iw, a - base - s * Cg);
+      }
+    }
+    if (++q == Q) {
+      q = 0;
+      if (++pp == P) {
+        pp = 0;
+        if (++z == Z) z = 0, ++n;
       }
     }
   }
 }
 
-// Scatter-adds rows [m0, m0 + rows) (positions within one image) of dcol (pitch ldd, columns
-// as in im2col) into acc, that image's dx for one group: element (input position i, c) at
-// acc[i * ld_acc + c]. Rows are added in order, so the sums are reproducible.
+bool mergeable(const Problem& p, int64_t pitch) {
+  return pitch == p.Cg() && p.rhs_dil[2] == 1 && p.lhs_dil[2] == 1;
+}
+
+// Columns [j0, j1) of rows [m0, m0 + rows) of col_g into dst (rows, j1 - j0), pitch ld,
+// converted to T.
+template <typename In, typename T>
+void im2col(const Problem& p, const In* x, int64_t g, int64_t m0, int64_t rows, int64_t j0,
+            int64_t j1, T* dst, int64_t ld) {
+  const In* xg = x + g * p.Cg();
+  for_each_run(p, m0, rows, j0, j1, mergeable(p, p.C),
+               [&](int64_t row, int64_t j, int64_t len, int64_t pos, int64_t c0) {
+                 T* d = dst + row * ld + (j - j0);
+                 if (pos < 0) {
+                   std::fill(d, d + len, T(0));
+                 } else if constexpr (std::is_same_v<In, T>) {
+                   std::memcpy(d, xg + pos * p.C + c0, size_t(len) * sizeof(T));
+                 } else {
+                   const In* src = xg + pos * p.C + c0;
+                   for (int64_t i = 0; i < len; ++i) d[i] = T(load_acc(src[i]));
+                 }
+               });
+}
+
+// The transpose of im2col: adds columns [j0, j1) of rows [m0, m0 + rows) of dcol (rows,
+// j1 - j0, pitch ldd) into acc, where input position pos (counted from acc's first) holds its
+// channels at acc[pos * ld_acc + c]. Runs are added in a fixed order, so sums reproduce.
 template <typename T>
-void col2im(const Problem& p, const T* dcol, int64_t ldd, int64_t m0, int64_t rows, T* acc,
-            int64_t ld_acc) {
-  const int64_t H = p.in[1], W = p.in[2], Cg = p.Cg();
-  const int64_t P = p.out[1], Q = p.out[2], T_ = p.filt[0], R = p.filt[1], S = p.filt[2];
-  const bool contiguous = ld_acc == Cg && p.rhs_dil[2] == 1 && p.lhs_dil[2] == 1;
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t m = m0 + row;
-    const int64_t q = m % Q, pp = m / Q % P, z = m / (Q * P);
-    const int64_t u0 = dilated_coord(q, 0, p.stride[2], p.pad_lo[2], p.rhs_dil[2]);
-    for (int64_t t = 0; t < T_; ++t) {
-      const int64_t id = tap_input(p, 0, z, t);
-      if (id < 0) continue;
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t ih = tap_input(p, 1, pp, r);
-        if (ih < 0) continue;
-        const T* src = dcol + row * ldd + (t * R + r) * S * Cg;  // (S, Cg) of this segment
-        T* dst = acc + (id * H + ih) * W * ld_acc;                 // dx[id, ih, 0, :]
-        if (contiguous) {
-          int64_t s_lo, s_hi;
-          valid_taps(p, u0, &s_lo, &s_hi);
-          T* d = dst + (u0 + s_lo) * Cg;
-          const T* sp = src + s_lo * Cg;
-          for (int64_t i = 0, len = (s_hi - s_lo) * Cg; i < len; ++i) d[i] += sp[i];
-          continue;
-        }
-        for (int64_t s = 0; s < S; ++s) {
-          const int64_t iw = input_index(u0 + s * p.rhs_dil[2], W, p.lhs_dil[2]);
-          if (iw < 0) continue;
-          T* d = dst + iw * ld_acc;
-          const T* sp = src + s * Cg;
-          for (int64_t c = 0; c < Cg; ++c) d[c] += sp[c];
-        }
-      }
-    }
-  }
+void col2im(const Problem& p, const T* dcol, int64_t ldd, int64_t m0, int64_t rows, int64_t j0,
+            int64_t j1, T* acc, int64_t first_pos, int64_t ld_acc) {
+  for_each_run(p, m0, rows, j0, j1, mergeable(p, ld_acc),
+               [&](int64_t row, int64_t j, int64_t len, int64_t pos, int64_t c0) {
+                 if (pos < 0) return;
+                 T* d = acc + (pos - first_pos) * ld_acc + c0;
+                 const T* src = dcol + row * ldd + (j - j0);
+                 for (int64_t i = 0; i < len; ++i) d[i] += src[i];
+               });
 }
 
 // dst (rows, cols) pitch ldd = src (rows, cols) pitch lds, rounded to Out.
@@ -313,24 +301,32 @@ RowGemm<In> pointwise_data_gemm(const Problem& p, const In* dy, const In* w) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// bwd_data (general): one task per (image, group).
+// bwd_data (general): tasks are (block of images, group); each owns dx of its images in its
+// group. It walks its rows of M in chunks cut at fixed multiples of kMaxChunkRows (the same for
+// any thread count, so every dx element receives its terms in the same order), and per chunk
+// and panel of <= nc columns computes dcol (rows, nc) and adds it into its dx (col2im).
 // ---------------------------------------------------------------------------------------------
 
-template <typename T>
-int64_t dcol_rows(const Problem& p) {
-  const int64_t mr = gemm::blocking<T>().mr, Kdim = std::max<int64_t>(1, p.filt_spatial() * p.Cg());
-  const int64_t rows = std::max(mr, kDcolBytes / int64_t(sizeof(T)) / Kdim / mr * mr);
-  return std::max<int64_t>(1, std::min(rows, p.out_spatial()));
+struct ImageBlocks {
+  int64_t images, count;  // images per task, number of blocks
+};
+
+ImageBlocks image_blocks(const Problem& p, int num_threads) {
+  const int64_t want = std::clamp<int64_t>(ceil_div(2 * int64_t(num_threads), p.G), 1,
+                                           std::max<int64_t>(1, p.N));
+  const int64_t images = ceil_div(p.N, want);
+  return {images, ceil_div(p.N, images)};
 }
 
 template <typename T>
 Layout data_layout(const Problem& p, bool out_is_acc, int num_threads) {
   const int64_t Kdim = p.filt_spatial() * p.Cg();
+  const ImageBlocks ib = image_blocks(p, num_threads);
   Layout l;
-  l.workers = workers_for(p.N * p.G, num_threads);
+  l.workers = workers_for(ib.count * p.G, num_threads);
   l.shared = aligned(p.G * gemm::packed_b_elems<T>(p.Kg(), Kdim) * int64_t(sizeof(T)));
-  l.scratch = aligned(dcol_rows<T>(p) * Kdim * int64_t(sizeof(T)));
-  if (!out_is_acc) l.scratch += aligned(p.in_spatial() * p.Cg() * int64_t(sizeof(T)));
+  l.scratch = aligned(kMaxChunkRows * std::min(Kdim, gemm::blocking<T>().nc) * int64_t(sizeof(T)));
+  if (!out_is_acc) l.scratch += aligned(ib.images * p.in_spatial() * p.Cg() * int64_t(sizeof(T)));
   return l;
 }
 
@@ -341,31 +337,37 @@ void bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Parall
   constexpr bool kDirect = std::is_same_v<T, Out>;  // accumulate straight into dx
   const int64_t Kdim = p.filt_spatial() * p.Cg(), Kg = p.Kg(), Cg = p.Cg();
   const int64_t ZPQ = p.out_spatial(), inS = p.in_spatial();
+  const int64_t nc_max = gemm::blocking<T>().nc;
+  const ImageBlocks ib = image_blocks(p, par.num_threads());
   const Workspace ws(data_layout<T>(p, kDirect, par.num_threads()));
   T* packed = ws.shared<T>();
-  const int64_t psize = gemm::packed_b_elems<T>(Kg, Kdim), rows = dcol_rows<T>(p);
+  const int64_t psize = gemm::packed_b_elems<T>(Kg, Kdim);
   pack_groups(par, p.G, gemm::transposed(w, p.K), Kg, Kg, Kdim, packed);
-  run_tasks(par, ws, p.N * p.G, [&](int64_t task, char* scratch) {
-    const int64_t n = task / p.G, g = task % p.G;
+  run_tasks(par, ws, ib.count * p.G, [&](int64_t task, char* scratch) {
+    const int64_t g = task % p.G, n0 = task / p.G * ib.images, n1 = std::min(p.N, n0 + ib.images);
     Carver carve{scratch};
-    T* dcol = carve.take<T>(rows * Kdim);
+    T* dcol = carve.take<T>(kMaxChunkRows * std::min(Kdim, nc_max));
     T* acc;
     int64_t ld_acc;
     if constexpr (kDirect) {
-      acc = dx + n * inS * p.C + g * Cg, ld_acc = p.C;
+      acc = dx + n0 * inS * p.C + g * Cg, ld_acc = p.C;
     } else {
-      acc = carve.take<T>(inS * Cg), ld_acc = Cg;
+      acc = carve.take<T>(ib.images * inS * Cg), ld_acc = Cg;
     }
-    for (int64_t i = 0; i < inS; ++i) zero_run(acc + i * ld_acc, Cg);
-    const In* dyn = dy + n * ZPQ * p.K + g * Kg;
-    for (int64_t m0 = 0; m0 < ZPQ; m0 += rows) {
-      const int64_t mc = std::min(rows, ZPQ - m0);
-      const Mat<In> a = gemm::row_major(dyn + m0 * p.K, p.K);
-      gemm::gemm_packed<T, In>(mc, Kdim, Kg, [&](int64_t k0, int64_t) { return a.sub(0, k0); },
-                               packed + g * psize, dcol, Kdim, false);
-      col2im(p, dcol, Kdim, m0, mc, acc, ld_acc);
+    for (int64_t i = 0; i < (n1 - n0) * inS; ++i) std::fill(acc + i * ld_acc, acc + i * ld_acc + Cg, T(0));
+    for (int64_t m = n0 * ZPQ, next; m < n1 * ZPQ; m = next) {
+      next = std::min(n1 * ZPQ, (m / kMaxChunkRows + 1) * kMaxChunkRows);
+      const Mat<In> a = gemm::row_major(dy + m * p.K + g * Kg, p.K);  // (next - m, Kg)
+      for (int64_t j0 = 0; j0 < Kdim; j0 += nc_max) {
+        const int64_t nc = std::min(nc_max, Kdim - j0);
+        gemm::gemm_panel<T, In>(next - m, Kdim, Kg, j0, nc,
+                                [&](int64_t k0, int64_t) { return a.sub(0, k0); },
+                                packed + g * psize, dcol, nc, false);
+        col2im(p, dcol, nc, m, next - m, j0, j0 + nc, acc, n0 * inS, ld_acc);
+      }
     }
-    if constexpr (!kDirect) store_rows(acc, Cg, inS, Cg, dx + n * inS * p.C + g * Cg, p.C);
+    if constexpr (!kDirect)
+      store_rows(acc, Cg, (n1 - n0) * inS, Cg, dx + n0 * inS * p.C + g * Cg, p.C);
   });
 }
 
@@ -373,6 +375,9 @@ void bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Parall
 // bwd_filter: tasks are (group, row block, column block) tiles of dw.
 // ---------------------------------------------------------------------------------------------
 
+// dw tiles: a task packs its dy columns for every k block (cost ~ 1/rows of its work) and
+// builds its col columns (cost ~ 1/cols), so tiles start as large as the blocking allows and
+// the larger side is halved until there are about two tasks per thread.
 struct FilterTiles {
   int64_t rows, cols;  // tile size (the last ones shorter)
   int64_t row_blocks, col_blocks;
@@ -382,13 +387,19 @@ template <typename T>
 FilterTiles filter_tiles(const Problem& p, int num_threads) {
   const gemm::Blocking& blk = gemm::blocking<T>();
   const int64_t Fc = p.filt_spatial() * p.Cg(), Kg = p.Kg();
-  FilterTiles t;
-  t.cols = std::max<int64_t>(1, std::min(Kg, blk.nc));
-  t.col_blocks = ceil_div(Kg, t.cols);
-  const int64_t want = ceil_div(4 * int64_t(num_threads), p.G * t.col_blocks);  // row blocks
-  t.rows = std::clamp(round_up(ceil_div(Fc, want), blk.mr), int64_t(blk.mr), kFilterMaxRows);
-  t.row_blocks = ceil_div(Fc, t.rows);
-  return t;
+  int64_t rows = std::clamp<int64_t>(round_up(Fc, blk.mr), blk.mr, kFilterMaxRows);
+  int64_t cols = std::clamp<int64_t>(round_up(Kg, blk.nr), blk.nr, blk.nc);
+  while (p.G * ceil_div(Fc, rows) * ceil_div(Kg, cols) < 2 * int64_t(num_threads)) {
+    if (rows >= cols && rows >= 2 * blk.mr)
+      rows = round_up(rows / 2, blk.mr);
+    else if (cols >= 2 * blk.nr)
+      cols = round_up(cols / 2, blk.nr);
+    else if (rows >= 2 * blk.mr)
+      rows = round_up(rows / 2, blk.mr);
+    else
+      break;
+  }
+  return {rows, cols, ceil_div(Fc, rows), ceil_div(Kg, cols)};
 }
 
 template <typename T>
@@ -442,7 +453,7 @@ void bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Para
       }
     }
     if (kb.count == 0)
-      for (int64_t i = 0; i < rb; ++i) zero_run(c + i * ldc, cb);
+      for (int64_t i = 0; i < rb; ++i) std::fill(c + i * ldc, c + i * ldc + cb, T(0));
     if constexpr (!kDirect) store_rows(c, ldc, rb, cb, dw + i0 * p.K + g * Kg + j0, p.K);
   });
 }
