@@ -54,8 +54,8 @@ template <typename T, int W, int MR, int NV>
 [[gnu::always_inline]] inline void kernel_body(int64_t kc, const T* __restrict a, int64_t ars,
                                                int64_t acs, const T* __restrict b,
                                                T* __restrict c, int64_t ldc, bool accumulate) {
-  typedef T V __attribute__((vector_size(sizeof(T) * W)));
   constexpr int NR = W * NV;
+  typedef T V __attribute__((vector_size(sizeof(T) * W)));
   V acc[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
@@ -243,19 +243,35 @@ const T* packed_b_panel(const T* packed, int64_t k, int64_t n, int64_t b, int64_
 }
 
 template <typename T, typename Src>
-void pack_b_strip(Mat<Src> b, int64_t k, int64_t n, int64_t strip, T* packed) {
-  const int64_t nr_full = blocking<T>().nr;
-  const int64_t j0 = strip * nr_full, nr = std::min(nr_full, n - j0);
+void pack_b(Mat<Src> b, int64_t k, int64_t n, int64_t s0, int64_t s1, T* packed) {
+  const int64_t NR = blocking<T>().nr, npad = (n + NR - 1) / NR * NR;
   const KBlocks kb = k_blocks<T>(k);
   for (int64_t blk = 0; blk < kb.count; ++blk) {
     const int64_t k0 = kb.begin(blk), kc = kb.len(blk, k);
-    T* dst = const_cast<T*>(packed_b_panel<T>(packed, k, n, blk, j0));
-    for (int64_t kk = 0; kk < kc; ++kk) {
-      const Src* row = b.data + (k0 + kk) * b.rs + j0 * b.cs;
-      T* d = dst + kk * nr_full;
-      for (int64_t q = 0; q < nr; ++q) d[q] = T(load_acc(row[q * b.cs]));
-      for (int64_t q = nr; q < nr_full; ++q) d[q] = T(0);
+    T* dst = packed + k0 * npad;  // strip s of this block: dst + s*kc*NR, (kc, NR)
+    if (b.cs == 1) {  // rows of B contiguous: read each row once, across the strips
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        const Src* row = b.data + (k0 + kk) * b.rs;
+        for (int64_t s = s0; s < s1; ++s) {
+          T* d = dst + (s * kc + kk) * NR;
+          const int64_t nr = std::min(NR, n - s * NR);
+          for (int64_t q = 0; q < nr; ++q) d[q] = T(load_acc(row[s * NR + q]));
+          for (int64_t q = nr; q < NR; ++q) d[q] = T(0);
+        }
+      }
+      continue;
     }
+    for (int64_t s = s0; s < s1; ++s)  // read each column of B along k
+      for (int64_t q = 0; q < NR; ++q) {
+        T* d = dst + s * kc * NR + q;
+        const int64_t j = s * NR + q;
+        if (j >= n) {
+          for (int64_t kk = 0; kk < kc; ++kk) d[kk * NR] = T(0);
+          continue;
+        }
+        const Src* col = b.data + k0 * b.rs + j * b.cs;
+        for (int64_t kk = 0; kk < kc; ++kk) d[kk * NR] = T(load_acc(col[kk * b.rs]));
+      }
   }
 }
 
@@ -307,7 +323,7 @@ void gemm_block(int64_t m, int64_t n, int64_t kc, Mat<Src> a, const T* b_panel, 
   template int64_t packed_b_elems<T>(int64_t, int64_t);                            \
   template const T* packed_b_panel<T>(const T*, int64_t, int64_t, int64_t, int64_t);
 #define JAXDNN_GEMM_SRC(T, Src)                                                          \
-  template void pack_b_strip<T, Src>(Mat<Src>, int64_t, int64_t, int64_t, T*);          \
+  template void pack_b<T, Src>(Mat<Src>, int64_t, int64_t, int64_t, int64_t, T*);       \
   template void gemm_block<T, Src>(int64_t, int64_t, int64_t, Mat<Src>, const T*, T*, \
                                    int64_t, bool);
 JAXDNN_GEMM_TYPE(float)

@@ -70,11 +70,11 @@ int64_t packed_b_elems(int64_t k, int64_t n);
 template <typename T>
 const T* packed_b_panel(const T* packed, int64_t k, int64_t n, int64_t b, int64_t j);
 
-// Packs the n-strip `strip` (columns [strip*NR, strip*NR + NR)) of B for every k block into
+// Packs n-strips [s0, s1) of B (strip s = columns [s*NR, s*NR + NR)) for every k block into
 // `packed` (packed_b_elems(k, n) elements). Strips are independent, so threads may pack
 // different strips of one matrix at once.
 template <typename T, typename Src>
-void pack_b_strip(Mat<Src> b, int64_t k, int64_t n, int64_t strip, T* packed);
+void pack_b(Mat<Src> b, int64_t k, int64_t n, int64_t s0, int64_t s1, T* packed);
 inline int64_t b_strips(int64_t n, const Blocking& blk) { return (n + blk.nr - 1) / blk.nr; }
 
 // One k block, single-threaded: C (m, n) (+)= A (m, kc) . B_panel (kc, n), where B_panel is a

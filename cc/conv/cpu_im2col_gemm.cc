@@ -213,8 +213,8 @@ void pack_groups(const Parallel& par, int64_t G, Mat<In> b, int64_t b_step, int6
                  T* packed) {
   const int64_t strips = gemm::b_strips(n, gemm::blocking<T>()), size = gemm::packed_b_elems<T>(k, n);
   par.for_each(G * strips, [&](int64_t i) {
-    const int64_t g = i / strips;
-    gemm::pack_b_strip<T, In>({b.data + g * b_step, b.rs, b.cs}, k, n, i % strips, packed + g * size);
+    const int64_t g = i / strips, s = i % strips;
+    gemm::pack_b<T, In>({b.data + g * b_step, b.rs, b.cs}, k, n, s, s + 1, packed + g * size);
   });
 }
 
@@ -314,7 +314,7 @@ struct ImageBlocks {
 ImageBlocks image_blocks(const Problem& p, int num_threads) {
   const int64_t want = std::clamp<int64_t>(ceil_div(2 * int64_t(num_threads), p.G), 1,
                                            std::max<int64_t>(1, p.N));
-  const int64_t images = ceil_div(p.N, want);
+  const int64_t images = std::max<int64_t>(1, ceil_div(p.N, want));
   return {images, ceil_div(p.N, images)};
 }
 
@@ -424,7 +424,7 @@ void bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Para
   const bool pw = pointwise(p);
   const gemm::KBlocks kb = gemm::k_blocks<T>(M);
   const int64_t kc_max = gemm::blocking<T>().kc_max;
-  const int64_t per_group = tiles.row_blocks * tiles.col_blocks;
+  const int64_t per_group = tiles.row_blocks * tiles.col_blocks, NR = gemm::blocking<T>().nr;
   run_tasks(par, ws, p.G * per_group, [&](int64_t task, char* scratch) {
     const int64_t g = task / per_group, i0 = task % per_group / tiles.col_blocks * tiles.rows,
                   j0 = task % tiles.col_blocks * tiles.cols;
@@ -441,15 +441,15 @@ void bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Para
     }
     for (int64_t b = 0; b < kb.count; ++b) {
       const int64_t m0 = kb.begin(b), kc = kb.len(b, M);
-      const Mat<In> dyb = gemm::row_major(dy + m0 * p.K + g * Kg + j0, p.K);  // (kc, cb)
-      for (int64_t s = 0; s < gemm::b_strips(cb, gemm::blocking<T>()); ++s)
-        gemm::pack_b_strip<T, In>(dyb, kc, cb, s, packed);
+      const In* dyb = dy + m0 * p.K + g * Kg + j0;  // (kc, cb), pitch K
+      gemm::pack_b<T, In>(gemm::row_major(dyb, p.K), kc, cb, 0, ceil_div(cb, NR), packed);
+      const T* bp = packed;
       if (pw) {
         const Mat<In> a = gemm::transposed(x + m0 * p.C + g * p.Cg() + i0, p.C);  // (rb, kc)
-        gemm::gemm_block<T, In>(rb, cb, kc, a, packed, c, ldc, b > 0);
+        gemm::gemm_block<T, In>(rb, cb, kc, a, bp, c, ldc, b > 0);
       } else {
         im2col(p, x, g, m0, kc, i0, i0 + rb, col, rb);  // (kc, rb)
-        gemm::gemm_block<T, T>(rb, cb, kc, gemm::transposed<T>(col, rb), packed, c, ldc, b > 0);
+        gemm::gemm_block<T, T>(rb, cb, kc, gemm::transposed<T>(col, rb), bp, c, ldc, b > 0);
       }
     }
     if (kb.count == 0)
