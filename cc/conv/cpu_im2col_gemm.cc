@@ -372,45 +372,64 @@ void bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Parall
 }
 
 // ---------------------------------------------------------------------------------------------
-// bwd_filter: tasks are (group, row block, column block) tiles of dw.
+// bwd_filter: dw_g = col_g^T . dy_g reduces over the M positions in the k blocks of M (fixed
+// by M). The blocks are split into S slices, S chosen from the problem alone. A task is one
+// (slice, group, row block, column block) tile of dw: block by block it builds its columns of
+// col, packs its columns of dy and accumulates its tile. With S > 1 every slice writes its own
+// partial dw and a last pass adds the partials in slice order, so every element of dw is the
+// same sum for any thread count.
 // ---------------------------------------------------------------------------------------------
 
-// dw tiles: a task packs its dy columns for every k block (cost ~ 1/rows of its work) and
-// builds its col columns (cost ~ 1/cols), so tiles start as large as the blocking allows and
-// the larger side is halved until there are about two tasks per thread.
-struct FilterTiles {
+constexpr int64_t kMaxSlices = 8;
+constexpr int64_t kMinSliceBlocks = 8;      // k blocks (2048 positions) per slice at least
+constexpr int64_t kPartialBytes = 8 << 20;  // the partial dw of all slices at most
+
+struct FilterPlan {
+  int64_t slices;
   int64_t rows, cols;  // tile size (the last ones shorter)
   int64_t row_blocks, col_blocks;
+  int64_t tasks(const Problem& p) const { return slices * p.G * row_blocks * col_blocks; }
 };
 
+// A tile packs its dy columns for every k block (cost ~ 1/rows of its work) and builds its col
+// columns (cost ~ 1/cols), so tiles start as large as the blocking allows and the larger side
+// is halved until there are about two tasks per thread.
 template <typename T>
-FilterTiles filter_tiles(const Problem& p, int num_threads) {
+FilterPlan filter_plan(const Problem& p, int num_threads) {
   const gemm::Blocking& blk = gemm::blocking<T>();
   const int64_t Fc = p.filt_spatial() * p.Cg(), Kg = p.Kg();
-  int64_t rows = std::clamp<int64_t>(round_up(Fc, blk.mr), blk.mr, kFilterMaxRows);
-  int64_t cols = std::clamp<int64_t>(round_up(Kg, blk.nr), blk.nr, blk.nc);
-  while (p.G * ceil_div(Fc, rows) * ceil_div(Kg, cols) < 2 * int64_t(num_threads)) {
-    if (rows >= cols && rows >= 2 * blk.mr)
-      rows = round_up(rows / 2, blk.mr);
-    else if (cols >= 2 * blk.nr)
-      cols = round_up(cols / 2, blk.nr);
-    else if (rows >= 2 * blk.mr)
-      rows = round_up(rows / 2, blk.mr);
+  const int64_t blocks = gemm::k_blocks<T>(p.N * p.out_spatial()).count;
+  const int64_t dw_bytes = std::max<int64_t>(1, p.w_elems() * int64_t(sizeof(T)));
+  FilterPlan f;
+  f.slices = std::clamp(std::min(blocks / kMinSliceBlocks, kPartialBytes / dw_bytes), int64_t(1),
+                        kMaxSlices);
+  f.rows = std::clamp<int64_t>(round_up(Fc, blk.mr), blk.mr, kFilterMaxRows);
+  f.cols = std::clamp<int64_t>(round_up(Kg, blk.nr), blk.nr, blk.nc);
+  while (f.slices * p.G * ceil_div(Fc, f.rows) * ceil_div(Kg, f.cols) < 2 * int64_t(num_threads)) {
+    if (f.rows >= f.cols && f.rows >= 2 * blk.mr)
+      f.rows = round_up(f.rows / 2, blk.mr);
+    else if (f.cols >= 2 * blk.nr)
+      f.cols = round_up(f.cols / 2, blk.nr);
+    else if (f.rows >= 2 * blk.mr)
+      f.rows = round_up(f.rows / 2, blk.mr);
     else
       break;
   }
-  return {rows, cols, ceil_div(Fc, rows), ceil_div(Kg, cols)};
+  f.row_blocks = ceil_div(Fc, f.rows);
+  f.col_blocks = ceil_div(Kg, f.cols);
+  return f;
 }
 
 template <typename T>
 Layout filter_layout(const Problem& p, bool out_is_acc, int num_threads) {
-  const FilterTiles t = filter_tiles<T>(p, num_threads);
+  const FilterPlan f = filter_plan<T>(p, num_threads);
   const int64_t kc = gemm::blocking<T>().kc_max;
   Layout l;
-  l.workers = workers_for(p.G * t.row_blocks * t.col_blocks, num_threads);
-  l.scratch = aligned(gemm::packed_b_elems<T>(kc, t.cols) * int64_t(sizeof(T)));
-  if (!pointwise(p)) l.scratch += aligned(kc * t.rows * int64_t(sizeof(T)));
-  if (!out_is_acc) l.scratch += aligned(t.rows * t.cols * int64_t(sizeof(T)));
+  l.workers = workers_for(f.tasks(p), num_threads);
+  if (f.slices > 1) l.shared = aligned(f.slices * p.w_elems() * int64_t(sizeof(T)));
+  l.scratch = aligned(gemm::packed_b_elems<T>(kc, f.cols) * int64_t(sizeof(T)));
+  if (!pointwise(p)) l.scratch += aligned(kc * f.rows * int64_t(sizeof(T)));
+  if (f.slices == 1 && !out_is_acc) l.scratch += aligned(f.rows * f.cols * int64_t(sizeof(T)));
   return l;
 }
 
@@ -418,43 +437,60 @@ template <typename In, typename Out>
 void bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Parallel& par) {
   using T = Acc<In>;
   constexpr bool kDirect = std::is_same_v<T, Out>;
-  const FilterTiles tiles = filter_tiles<T>(p, par.num_threads());
+  const FilterPlan f = filter_plan<T>(p, par.num_threads());
   const Workspace ws(filter_layout<T>(p, kDirect, par.num_threads()));
   const int64_t M = p.N * p.out_spatial(), Fc = p.filt_spatial() * p.Cg(), Kg = p.Kg();
   const bool pw = pointwise(p);
   const gemm::KBlocks kb = gemm::k_blocks<T>(M);
-  const int64_t kc_max = gemm::blocking<T>().kc_max;
-  const int64_t per_group = tiles.row_blocks * tiles.col_blocks, NR = gemm::blocking<T>().nr;
-  run_tasks(par, ws, p.G * per_group, [&](int64_t task, char* scratch) {
-    const int64_t g = task / per_group, i0 = task % per_group / tiles.col_blocks * tiles.rows,
-                  j0 = task % tiles.col_blocks * tiles.cols;
-    const int64_t rb = std::min(tiles.rows, Fc - i0), cb = std::min(tiles.cols, Kg - j0);
+  const int64_t kc_max = gemm::blocking<T>().kc_max, NR = gemm::blocking<T>().nr;
+  T* partial = f.slices > 1 ? ws.shared<T>() : nullptr;  // (S, F*Cg, K)
+  run_tasks(par, ws, f.tasks(p), [&](int64_t task, char* scratch) {
+    const int64_t jb = task % f.col_blocks, ib = task / f.col_blocks % f.row_blocks,
+                  g = task / (f.col_blocks * f.row_blocks) % p.G,
+                  s = task / (f.col_blocks * f.row_blocks * p.G);
+    const int64_t i0 = ib * f.rows, j0 = jb * f.cols;
+    const int64_t rb = std::min(f.rows, Fc - i0), cb = std::min(f.cols, Kg - j0);
+    const int64_t b0 = s * kb.count / f.slices, b1 = (s + 1) * kb.count / f.slices;
     Carver carve{scratch};
-    T* packed = carve.take<T>(gemm::packed_b_elems<T>(kc_max, tiles.cols));
-    T* col = pw ? nullptr : carve.take<T>(kc_max * tiles.rows);
+    T* packed = carve.take<T>(gemm::packed_b_elems<T>(kc_max, f.cols));
+    T* col = pw ? nullptr : carve.take<T>(kc_max * f.rows);
     T* c;
-    int64_t ldc;
-    if constexpr (kDirect) {
-      c = dw + i0 * p.K + g * Kg + j0, ldc = p.K;
+    int64_t ldc = p.K;
+    if (partial != nullptr) {
+      c = partial + s * p.w_elems() + i0 * p.K + g * Kg + j0;
+    } else if constexpr (kDirect) {
+      c = dw + i0 * p.K + g * Kg + j0;
     } else {
-      c = carve.take<T>(tiles.rows * tiles.cols), ldc = tiles.cols;
+      c = carve.take<T>(f.rows * f.cols), ldc = f.cols;
     }
-    for (int64_t b = 0; b < kb.count; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       const int64_t m0 = kb.begin(b), kc = kb.len(b, M);
       const In* dyb = dy + m0 * p.K + g * Kg + j0;  // (kc, cb), pitch K
       gemm::pack_b<T, In>(gemm::row_major(dyb, p.K), kc, cb, 0, ceil_div(cb, NR), packed);
-      const T* bp = packed;
       if (pw) {
         const Mat<In> a = gemm::transposed(x + m0 * p.C + g * p.Cg() + i0, p.C);  // (rb, kc)
-        gemm::gemm_block<T, In>(rb, cb, kc, a, bp, c, ldc, b > 0);
+        gemm::gemm_block<T, In>(rb, cb, kc, a, packed, c, ldc, b > b0);
       } else {
         im2col(p, x, g, m0, kc, i0, i0 + rb, col, rb);  // (kc, rb)
-        gemm::gemm_block<T, T>(rb, cb, kc, gemm::transposed<T>(col, rb), bp, c, ldc, b > 0);
+        gemm::gemm_block<T, T>(rb, cb, kc, gemm::transposed<T>(col, rb), packed, c, ldc, b > b0);
       }
     }
-    if (kb.count == 0)
+    if (b0 == b1)
       for (int64_t i = 0; i < rb; ++i) std::fill(c + i * ldc, c + i * ldc + cb, T(0));
-    if constexpr (!kDirect) store_rows(c, ldc, rb, cb, dw + i0 * p.K + g * Kg + j0, p.K);
+    if constexpr (!kDirect) {
+      if (partial == nullptr) store_rows(c, ldc, rb, cb, dw + i0 * p.K + g * Kg + j0, p.K);
+    }
+  });
+  if (partial == nullptr) return;
+  // dw = partial[0] + partial[1] + ... in slice order, in row chunks across the threads.
+  const int64_t rows = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, p.K));
+  par.for_each(ceil_div(Fc, rows), [&](int64_t chunk) {
+    const int64_t e0 = chunk * rows * p.K, e1 = std::min(Fc, (chunk + 1) * rows) * p.K;
+    for (int64_t e = e0; e < e1; ++e) {
+      T sum = partial[e];
+      for (int64_t s = 1; s < f.slices; ++s) sum += partial[s * p.w_elems() + e];
+      dw[e] = store_as<Out>(double(sum));
+    }
   });
 }
 
