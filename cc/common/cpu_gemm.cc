@@ -296,7 +296,8 @@ void gemm_block(int64_t m, int64_t n, int64_t kc, Mat<Src> a, const T* b_panel, 
         ap = a.data + i * a.rs, ars = a.rs, acs = a.cs;
         if (a.cs == 1 && i + 2 * MR <= m)  // rows may come from memory: fetch the next strip's
           for (int64_t r = MR; r < 2 * MR; ++r)
-            for (int64_t k = 0; k < kc; k += 64 / int64_t(sizeof(T))) __builtin_prefetch(ap + r * ars + k);
+            for (int64_t k = 0; k < kc; k += 64 / int64_t(sizeof(T)))
+              __builtin_prefetch(ap + r * ars + k);
       }
     }
     if (ap == apack) im.pack_a(a.sub(i, 0), mr, kc, apack);
@@ -305,6 +306,9 @@ void gemm_block(int64_t m, int64_t n, int64_t kc, Mat<Src> a, const T* b_panel, 
       const T* bs = b_panel + (j / NR) * kc * NR;
       T* cij = c + i * ldc + j;
       if (mr == MR && nr == NR) {
+        for (int64_t r = 0; r < MR; ++r)  // the kernel ends storing (and reading) this tile
+          for (int64_t q = 0; q < NR; q += 64 / int64_t(sizeof(T)))
+            __builtin_prefetch(cij + r * ldc + q, 1);
         im.kernel(kc, ap, ars, acs, bs, cij, ldc, accumulate);
         continue;
       }

@@ -2,30 +2,34 @@
 // case. Per group g, with Cg = C/G, Kg = K/G, F = T*R*S taps and M = N*Z*P*Q output positions:
 //
 //   fwd        y_g (M, Kg)       = col_g (M, F*Cg) . w_g (F*Cg, Kg)
-//   bwd_data   dcol_g (M, F*Cg)  = dy_g (M, Kg) . w_g^T,   then  dx_g = col2im(dcol_g)
+//   bwd_data   dcol_g (M, F*Cg)  = dy_g (M, Kg) . w_g^T,   then  dx_g += col2im(dcol_g)
 //   bwd_filter dw_g (F*Cg, Kg)   = col_g^T (F*Cg, M) . dy_g (M, Kg)
 //
 // col_g[m, (t, r, s, c)] = x[n, input position of (m, tap t r s), g*Cg + c], 0 on padding and
-// lhs-dilation holes (im2col). The col matrix is never held whole: each worker builds one
-// (rows, kc) block of it at a time (<= 256 KB), converting 16-bit inputs to float.
-// Pointwise problems (1x1x1 filter, stride 1, no padding or dilation) read x itself as col.
+// lhs-dilation holes. Neither col nor dcol is ever held whole: a worker builds one (<= 256
+// rows, one k block of <= 256 columns) block of col at a time (256 KB, converting 16-bit
+// inputs to float), and a (<= 256, <= 512) block of dcol. Pointwise problems (1x1x1 filter,
+// stride 1, no padding or dilation) read x (dy) itself as the GEMM operand: no copy at all.
 //
 // Threads and determinism (every direction is bitwise reproducible for any thread count):
-//   fwd, pointwise bwd_data  row chunks of M (x groups) are independent tasks; w is packed
-//                            once (shared) and each element of y is one GEMM dot product.
-//   bwd_data                 one task per (image, group) owns its slice of dx: it computes
-//                            dcol for the image chunk by chunk (<= 1 MB) and scatter-adds it
-//                            into its own dx rows in a fixed order (no other task writes them).
-//   bwd_filter               tasks are (group, block of F*Cg rows, block of Kg columns) tiles
-//                            of dw; each reduces over all M positions in fixed k blocks of 256,
-//                            building its slice of col and packing dy block by block.
-// Results of 16-bit outputs are accumulated in float scratch and rounded once at the end.
+//   fwd, pointwise bwd_data  tasks are row chunks of M (per group); w is packed once, shared,
+//                            and each element of y is one GEMM dot product.
+//   bwd_data                 tasks are (block of images, group): a task owns that slice of dx
+//                            and scatter-adds dcol into it chunk by chunk in a fixed order.
+//   bwd_filter               tasks are tiles of dw within slices of the M positions; slices
+//                            (chosen from the problem alone) write partial dw that are added
+//                            in slice order at the end.
+// 16-bit outputs are accumulated in float and rounded once at the end.
+// Traffic: x (or dy) is read once per column panel of the GEMM (once when Kg, resp. F*Cg,
+// fits one 512-wide panel) plus one im2col copy that stays in L2; w is read and packed once;
+// y is written once (bwd_data: dx is read-modify-written once per tap that reaches it, in L2).
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
-#include <memory>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "cc/common/cpu_gemm.h"
@@ -172,17 +176,25 @@ struct Layout {
   int64_t bytes() const { return shared + workers * scratch; }
 };
 
-// One allocation of layout.bytes() (uninitialised, 64-byte aligned) for a call.
+// One allocation of layout.bytes() (uninitialised, 64-byte aligned: every part is a multiple
+// of 64 bytes) for a call; mem is null if it failed.
 struct Workspace {
-  explicit Workspace(const Layout& l) : layout(l), buf(new char[size_t(l.bytes()) + 64]) {
-    mem = buf.get() + (64 - reinterpret_cast<uintptr_t>(buf.get()) % 64) % 64;
-  }
+  explicit Workspace(const Layout& l)
+      : layout(l),
+        mem(static_cast<char*>(std::aligned_alloc(64, size_t(std::max<int64_t>(64, l.bytes()))))) {}
+  ~Workspace() { std::free(mem); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
   template <typename T> T* shared() const { return reinterpret_cast<T*>(mem); }
   char* scratch(int64_t w) const { return mem + layout.shared + w * layout.scratch; }
   Layout layout;
-  std::unique_ptr<char[]> buf;
   char* mem;
 };
+
+Status out_of_memory(const Layout& l) {
+  return Status::Error("conv im2col_gemm: cannot allocate a workspace of " +
+                       std::to_string(l.bytes()) + " bytes");
+}
 
 // Hands out consecutive, 64-byte aligned arrays of one worker's scratch.
 struct Carver {
@@ -252,10 +264,12 @@ Layout row_gemm_layout(const RowGemm<In>& rg, bool out_is_acc, int num_threads) 
 }
 
 template <typename In, typename Out>
-void row_gemm(const Problem& p, const RowGemm<In>& rg, Out* out, int64_t ldo, const Parallel& par) {
+Status row_gemm(const Problem& p, const RowGemm<In>& rg, Out* out, int64_t ldo,
+                const Parallel& par) {
   using T = Acc<In>;
   constexpr bool kDirect = std::is_same_v<T, Out>;
   const Workspace ws(row_gemm_layout<T>(rg, kDirect, par.num_threads()));
+  if (ws.mem == nullptr) return out_of_memory(ws.layout);
   T* packed = ws.shared<T>();
   const int64_t psize = gemm::packed_b_elems<T>(rg.k, rg.n);
   pack_groups(par, rg.G, rg.b, rg.b_step, rg.k, rg.n, packed);
@@ -285,6 +299,7 @@ void row_gemm(const Problem& p, const RowGemm<In>& rg, Out* out, int64_t ldo, co
     }
     if constexpr (!kDirect) store_rows(c, ldc, mc, rg.n, out + m0 * ldo + g * rg.n, ldo);
   });
+  return Status::Ok();
 }
 
 template <typename In>
@@ -331,7 +346,7 @@ Layout data_layout(const Problem& p, bool out_is_acc, int num_threads) {
 }
 
 template <typename In, typename Out>
-void bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Parallel& par) {
+Status bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Parallel& par) {
   using T = Acc<In>;
   if (pointwise(p)) return row_gemm(p, pointwise_data_gemm(p, dy, w), dx, p.C, par);
   constexpr bool kDirect = std::is_same_v<T, Out>;  // accumulate straight into dx
@@ -340,6 +355,7 @@ void bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Parall
   const int64_t nc_max = gemm::blocking<T>().nc;
   const ImageBlocks ib = image_blocks(p, par.num_threads());
   const Workspace ws(data_layout<T>(p, kDirect, par.num_threads()));
+  if (ws.mem == nullptr) return out_of_memory(ws.layout);
   T* packed = ws.shared<T>();
   const int64_t psize = gemm::packed_b_elems<T>(Kg, Kdim);
   pack_groups(par, p.G, gemm::transposed(w, p.K), Kg, Kg, Kdim, packed);
@@ -369,6 +385,7 @@ void bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Parall
     if constexpr (!kDirect)
       store_rows(acc, Cg, (n1 - n0) * inS, Cg, dx + n0 * inS * p.C + g * Cg, p.C);
   });
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -434,11 +451,12 @@ Layout filter_layout(const Problem& p, bool out_is_acc, int num_threads) {
 }
 
 template <typename In, typename Out>
-void bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Parallel& par) {
+Status bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Parallel& par) {
   using T = Acc<In>;
   constexpr bool kDirect = std::is_same_v<T, Out>;
   const FilterPlan f = filter_plan<T>(p, par.num_threads());
   const Workspace ws(filter_layout<T>(p, kDirect, par.num_threads()));
+  if (ws.mem == nullptr) return out_of_memory(ws.layout);
   const int64_t M = p.N * p.out_spatial(), Fc = p.filt_spatial() * p.Cg(), Kg = p.Kg();
   const bool pw = pointwise(p);
   const gemm::KBlocks kb = gemm::k_blocks<T>(M);
@@ -481,7 +499,7 @@ void bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Para
       if (partial == nullptr) store_rows(c, ldc, rb, cb, dw + i0 * p.K + g * Kg + j0, p.K);
     }
   });
-  if (partial == nullptr) return;
+  if (partial == nullptr) return Status::Ok();
   // dw = partial[0] + partial[1] + ... in slice order, in row chunks across the threads.
   const int64_t rows = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, p.K));
   par.for_each(ceil_div(Fc, rows), [&](int64_t chunk) {
@@ -492,6 +510,7 @@ void bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Para
       dw[e] = store_as<Out>(double(sum));
     }
   });
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -530,7 +549,9 @@ int64_t workspace_bytes(const Args& a, int num_threads) {
 
 Status run(const Args& a, const Buffers& b, const Parallel& par) {
   const Problem& p = a.p;
-  bool ok = dispatch_io(a.in, a.out, [&](auto in_tag, auto out_tag) {
+  Status status = Status::Error(std::string("conv im2col_gemm: unsupported dtypes ") +
+                                dtype_name(a.in) + " -> " + dtype_name(a.out));
+  dispatch_io(a.in, a.out, [&](auto in_tag, auto out_tag) {
     using In = decltype(in_tag);
     using Out = decltype(out_tag);
     const In* x = static_cast<const In*>(b.x);
@@ -538,15 +559,12 @@ Status run(const Args& a, const Buffers& b, const Parallel& par) {
     const In* y = static_cast<const In*>(b.y);
     Out* result = static_cast<Out*>(b.result);
     switch (a.dir) {
-      case Direction::kFwd: row_gemm(p, fwd_gemm(p, x, w), result, p.K, par); break;
-      case Direction::kBwdData: bwd_data(p, y, w, result, par); break;
-      case Direction::kBwdFilter: bwd_filter(p, x, y, result, par); break;
+      case Direction::kFwd: status = row_gemm(p, fwd_gemm(p, x, w), result, p.K, par); break;
+      case Direction::kBwdData: status = bwd_data(p, y, w, result, par); break;
+      case Direction::kBwdFilter: status = bwd_filter(p, x, y, result, par); break;
     }
   });
-  if (!ok)
-    return Status::Error(std::string("conv im2col_gemm: unsupported dtypes ") + dtype_name(a.in) +
-                         " -> " + dtype_name(a.out));
-  return Status::Ok();
+  return status;
 }
 
 }  // namespace
