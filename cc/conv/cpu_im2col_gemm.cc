@@ -79,8 +79,9 @@ void for_each_run(const Problem& p, int64_t m0, int64_t rows, int64_t j0, int64_
   const int64_t Z = p.out[0], P = p.out[1], Q = p.out[2], R = p.filt[1], S = p.filt[2];
   const int64_t seg = S * Cg;
   if (rows <= 0 || j1 <= j0) return;
-  // (n, z, pp, q) of row m0, then stepped row by row.
+  // (n, z, pp, q) of row m0, then stepped row by row; the first segment and its (t, r).
   int64_t q = m0 % Q, pp = m0 / Q % P, z = m0 / (Q * P) % Z, n = m0 / (Q * P * Z);
+  const int64_t tr0 = j0 / seg, t0 = tr0 / R, r0 = tr0 % R;
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t u0 = dilated_coord(q, 0, p.stride[2], p.pad_lo[2], p.rhs_dil[2]);
     int64_t s_lo = 0, s_hi = 0;  // taps of a merged run: 0 <= u0 + s < W
@@ -88,7 +89,7 @@ void for_each_run(const Problem& p, int64_t m0, int64_t rows, int64_t j0, int64_
       s_lo = std::clamp<int64_t>(-u0, 0, S);
       s_hi = std::max(s_lo, std::clamp<int64_t>(W - u0, 0, S));
     }
-    for (int64_t tr = j0 / seg, t = tr / R, r = tr % R; tr * seg < j1; ++tr) {
+    for (int64_t tr = tr0, t = t0, r = r0; tr * seg < j1; ++tr) {
       const int64_t base = tr * seg, lo = std::max(j0, base), hi = std::min(j1, base + seg);
       const int64_t id = input_at(p, 0, dilated_coord(z, t, p.stride[0], p.pad_lo[0], p.rhs_dil[0]));
       const int64_t ih = input_at(p, 1, dilated_coord(pp, r, p.stride[1], p.pad_lo[1], p.rhs_dil[1]));
@@ -105,7 +106,7 @@ void for_each_run(const Problem& p, int64_t m0, int64_t rows, int64_t j0, int64_
         if (hi > b) fn(row, b, hi - b, int64_t(-1), int64_t(0));
         continue;
       }
-      for (int64_t s = (lo - base) / Cg; base + s * Cg < hi; ++s) {
+      for (int64_t s = lo == base ? 0 : (lo - base) / Cg; base + s * Cg < hi; ++s) {
         const int64_t a = std::max(lo, base + s * Cg), b = std::min(hi, base + (s + 1) * Cg);
         const int64_t iw = input_at(p, 2, u0 + s * p.rhs_dil[2]);
         fn(row, a, b - a, iw < 0 ? int64_t(-1) : wpos + iw, a - base - s * Cg);
@@ -134,12 +135,12 @@ void im2col(const Problem& p, const In* x, int64_t g, int64_t m0, int64_t rows, 
   for_each_run(p, m0, rows, j0, j1, mergeable(p, p.C),
                [&](int64_t row, int64_t j, int64_t len, int64_t pos, int64_t c0) {
                  T* d = dst + row * ld + (j - j0);
+                 const In* src = xg + pos * p.C + c0;
                  if (pos < 0) {
                    std::fill(d, d + len, T(0));
-                 } else if constexpr (std::is_same_v<In, T>) {
-                   std::memcpy(d, xg + pos * p.C + c0, size_t(len) * sizeof(T));
+                 } else if (std::is_same_v<In, T> && len >= 16) {
+                   std::memcpy(d, src, size_t(len) * sizeof(T));
                  } else {
-                   const In* src = xg + pos * p.C + c0;
                    for (int64_t i = 0; i < len; ++i) d[i] = T(load_acc(src[i]));
                  }
                });
@@ -275,7 +276,8 @@ Status row_gemm(const Problem& p, const RowGemm<In>& rg, Out* out, int64_t ldo,
   pack_groups(par, rg.G, rg.b, rg.b_step, rg.k, rg.n, packed);
   const int64_t rows = row_chunk<T>(rg.M, rg.G, par.num_threads()), chunks = ceil_div(rg.M, rows);
   run_tasks(par, ws, rg.G * chunks, [&](int64_t task, char* scratch) {
-    const int64_t g = task / chunks, m0 = task % chunks * rows, mc = std::min(rows, rg.M - m0);
+    // Groups vary fastest, so consecutive tasks read the same lines of x.
+    const int64_t g = task % rg.G, m0 = task / rg.G * rows, mc = std::min(rows, rg.M - m0);
     Carver carve{scratch};
     T* col = rg.im2col ? carve.take<T>(rows * gemm::blocking<T>().kc_max) : nullptr;
     T* c;
@@ -463,9 +465,10 @@ Status bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Pa
   const int64_t kc_max = gemm::blocking<T>().kc_max, NR = gemm::blocking<T>().nr;
   T* partial = f.slices > 1 ? ws.shared<T>() : nullptr;  // (S, F*Cg, K)
   run_tasks(par, ws, f.tasks(p), [&](int64_t task, char* scratch) {
-    const int64_t jb = task % f.col_blocks, ib = task / f.col_blocks % f.row_blocks,
-                  g = task / (f.col_blocks * f.row_blocks) % p.G,
-                  s = task / (f.col_blocks * f.row_blocks * p.G);
+    // Groups vary fastest, so consecutive tasks read the same lines of x and dy.
+    const int64_t g = task % p.G, jb = task / p.G % f.col_blocks,
+                  ib = task / (p.G * f.col_blocks) % f.row_blocks,
+                  s = task / (p.G * f.col_blocks * f.row_blocks);
     const int64_t i0 = ib * f.rows, j0 = jb * f.cols;
     const int64_t rb = std::min(f.rows, Fc - i0), cb = std::min(f.cols, Kg - j0);
     const int64_t b0 = s * kb.count / f.slices, b1 = (s + 1) * kb.count / f.slices;
