@@ -207,11 +207,16 @@ if os.environ.get("ONE_CPU"):
 sys.path.insert(0, sys.argv[1])
 import conftest  # float64 and poisoned outputs, as in the test session
 import test_conv_im2col as t
-res = t._results(json.loads(sys.argv[2]), np.float32)
-res64 = t._results(json.loads(sys.argv[2]), np.float64)
-np.savez(sys.argv[3], **{f"{k}_{i}": a for k, v in res.items() for i, a in enumerate(v)},
-         **{f"{k}_{i}_f64": a for k, v in res64.items() for i, a in enumerate(v)})
+out = {}
+for dtype, suffix, names in t.ISA_DTYPES:
+    for k, v in t._results(json.loads(sys.argv[2]) if names is None else names, dtype).items():
+        out.update({f"{k}_{i}{suffix}": np.asarray(a, np.float64) for i, a in enumerate(v)})
+np.savez(sys.argv[3], **out)
 """
+# (dtype, key suffix, case names or None for all) computed by each subprocess.
+ISA_DTYPES = [(np.float32, "", None), (np.float64, "_f64", None),
+              (jnp.bfloat16, "_bf16", ["3x3_same", "pointwise"]),
+              (jnp.float16, "_f16", ["3x3_same", "pointwise"])]
 
 
 def _run_workers(tmp_path, envs, names):
@@ -242,11 +247,12 @@ def test_other_thread_counts_and_isas(tmp_path):
     here = _results(names, jnp.float32)
     for name, arrays in here.items():
         for i, a in enumerate(arrays):
-            assert np.array_equal(_bits([a])[0], _bits([one_cpu[f"{name}_{i}"]])[0]), \
+            theirs = one_cpu[f"{name}_{i}"].astype(np.float32)
+            assert np.array_equal(_bits([a])[0], _bits([theirs])[0]), \
                 f"{name} output {i}: one CPU differs from {os.cpu_count()} CPUs"
     for isa, res in (("avx2", avx2), ("generic", generic)):
-        for case in (c for c in CASES if c.name in names):
-            for dtype, suffix in ((jnp.float32, ""), (jnp.float64, "_f64")):
+        for dtype, suffix, only in ISA_DTYPES:
+            for case in (c for c in CASES if c.name in (only or names)):
                 x, w, ct = _inputs(case, dtype)
                 want = _ref_all(case, *(np.asarray(a, np.float64) for a in (x, w, ct)))
                 for i, r in enumerate(want):

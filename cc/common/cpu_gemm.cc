@@ -8,6 +8,8 @@
 
 #include "cc/common/cpu_gemm.h"
 
+#include <immintrin.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -93,8 +95,7 @@ template <int MR, typename Src, typename T>
                                                T* __restrict dst) {
   if (a.rs == 1) {  // columns of A contiguous: a run of mr per k
     for (int64_t k = 0; k < kc; ++k) {
-      const Src* s = a.data + k * a.cs;
-      for (int64_t i = 0; i < mr; ++i) dst[k * MR + i] = T(load_acc(s[i]));
+      convert(a.data + k * a.cs, mr, dst + k * MR);
       for (int64_t i = mr; i < MR; ++i) dst[k * MR + i] = T(0);
     }
     return;
@@ -115,15 +116,15 @@ template <int MR, typename Src, typename T>
 #define JAXDNN_TARGET_AVX2 "avx2,fma,bmi,bmi2,f16c"
 
 template <typename T>
-[[gnu::target(JAXDNN_TARGET_AVX512)]] void kernel_avx512(int64_t kc, const T* a, int64_t ars, int64_t acs,
-                                                          const T* b, T* c, int64_t ldc,
-                                                          bool accumulate) {
+[[gnu::target(JAXDNN_TARGET_AVX512)]] void kernel_avx512(int64_t kc, const T* a, int64_t ars,
+                                                          int64_t acs, const T* b, T* c,
+                                                          int64_t ldc, bool accumulate) {
   using K = Tile<Isa::kAvx512, T>;
   kernel_body<T, K::W, K::MR, K::NV>(kc, a, ars, acs, b, c, ldc, accumulate);
 }
 template <typename T>
-[[gnu::target(JAXDNN_TARGET_AVX2)]] void kernel_avx2(int64_t kc, const T* a, int64_t ars, int64_t acs,
-                                                      const T* b, T* c, int64_t ldc,
+[[gnu::target(JAXDNN_TARGET_AVX2)]] void kernel_avx2(int64_t kc, const T* a, int64_t ars,
+                                                      int64_t acs, const T* b, T* c, int64_t ldc,
                                                       bool accumulate) {
   using K = Tile<Isa::kAvx2, T>;
   kernel_body<T, K::W, K::MR, K::NV>(kc, a, ars, acs, b, c, ldc, accumulate);
@@ -149,10 +150,48 @@ void pack_a_generic(Mat<Src> a, int64_t mr, int64_t kc, T* dst) {
   pack_a_body<Tile<Isa::kGeneric, T>::MR>(a, mr, kc, dst);
 }
 
+// 16-bit to float: float16 with the F16C/AVX-512 conversion instructions, bfloat16 (a shift)
+// vectorised by the compiler.
+template <typename H>
+[[gnu::always_inline]] inline void to_float_body(const H* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = jaxdnn::to_float(src[i]);
+}
+[[gnu::target(JAXDNN_TARGET_AVX512)]] void f16_to_float_avx512(const f16_t* src, int64_t n,
+                                                                float* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)  // (the zero-masked form: GCC 12 warns on the plain one)
+    _mm512_storeu_ps(dst + i, _mm512_maskz_cvtph_ps(
+                                  0xffff, _mm256_loadu_si256(
+                                              reinterpret_cast<const __m256i*>(src + i))));
+  to_float_body(src + i, n - i, dst + i);
+}
+[[gnu::target(JAXDNN_TARGET_AVX2)]] void f16_to_float_avx2(const f16_t* src, int64_t n,
+                                                            float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  to_float_body(src + i, n - i, dst + i);
+}
+[[gnu::target(JAXDNN_TARGET_AVX512)]] void bf16_to_float_avx512(const bf16_t* src, int64_t n,
+                                                                 float* dst) {
+  to_float_body(src, n, dst);
+}
+[[gnu::target(JAXDNN_TARGET_AVX2)]] void bf16_to_float_avx2(const bf16_t* src, int64_t n,
+                                                             float* dst) {
+  to_float_body(src, n, dst);
+}
+template <typename H>
+void to_float_generic(const H* src, int64_t n, float* dst) {
+  to_float_body(src, n, dst);
+}
+
 Isa detect_isa() {
   __builtin_cpu_init();
   Isa best = Isa::kGeneric;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    best = Isa::kAvx2;
   if (best == Isa::kAvx2 && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq"))
@@ -207,6 +246,20 @@ const Impl<T, Src>& impl() {
 
 }  // namespace
 
+void to_float(const f16_t* src, int64_t n, float* dst) {
+  static const auto fn = the_isa() == Isa::kAvx512 ? f16_to_float_avx512
+                         : the_isa() == Isa::kAvx2 ? f16_to_float_avx2
+                                                   : to_float_generic<f16_t>;
+  fn(src, n, dst);
+}
+
+void to_float(const bf16_t* src, int64_t n, float* dst) {
+  static const auto fn = the_isa() == Isa::kAvx512 ? bf16_to_float_avx512
+                         : the_isa() == Isa::kAvx2 ? bf16_to_float_avx2
+                                                   : to_float_generic<bf16_t>;
+  fn(src, n, dst);
+}
+
 const char* isa() {
   switch (the_isa()) {
     case Isa::kAvx512: return "avx512";
@@ -255,7 +308,7 @@ void pack_b(Mat<Src> b, int64_t k, int64_t n, int64_t s0, int64_t s1, T* packed)
         for (int64_t s = s0; s < s1; ++s) {
           T* d = dst + (s * kc + kk) * NR;
           const int64_t nr = std::min(NR, n - s * NR);
-          for (int64_t q = 0; q < nr; ++q) d[q] = T(load_acc(row[s * NR + q]));
+          convert(row + s * NR, nr, d);
           for (int64_t q = nr; q < NR; ++q) d[q] = T(0);
         }
       }

@@ -23,6 +23,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "cc/common/dtype.h"
 
@@ -41,6 +43,22 @@ template <typename Src>
 Mat<Src> row_major(const Src* p, int64_t ld) { return {p, ld, 1}; }
 template <typename Src>
 Mat<Src> transposed(const Src* p, int64_t ld) { return {p, 1, ld}; }
+
+// dst[i] = float(src[i]) for i < n, with the CPU's vector conversions where it has them.
+void to_float(const f16_t* src, int64_t n, float* dst);
+void to_float(const bf16_t* src, int64_t n, float* dst);
+
+// dst[i] = src[i] for i < n, converting 16-bit sources to float.
+template <typename T, typename Src>
+inline void convert(const Src* src, int64_t n, T* dst) {
+  if constexpr (!std::is_same_v<Src, T>) {
+    to_float(src, n, dst);
+  } else if (n >= 16) {  // a library call only pays off for long runs
+    std::memcpy(dst, src, size_t(n) * sizeof(T));
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+  }
+}
 
 // Register tile and cache blocking of the microkernel chosen for T on this CPU.
 struct Blocking {

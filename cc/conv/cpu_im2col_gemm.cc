@@ -82,8 +82,12 @@ void for_each_run(const Problem& p, int64_t m0, int64_t rows, int64_t j0, int64_
   // (n, z, pp, q) of row m0, then stepped row by row; the first segment and its (t, r).
   int64_t q = m0 % Q, pp = m0 / Q % P, z = m0 / (Q * P) % Z, n = m0 / (Q * P * Z);
   const int64_t tr0 = j0 / seg, t0 = tr0 / R, r0 = tr0 % R;
+  // Dilated coordinate read by output o through tap f along axis a.
+  auto coord = [&](int a, int64_t o, int64_t f) {
+    return dilated_coord(o, f, p.stride[a], p.pad_lo[a], p.rhs_dil[a]);
+  };
   for (int64_t row = 0; row < rows; ++row) {
-    const int64_t u0 = dilated_coord(q, 0, p.stride[2], p.pad_lo[2], p.rhs_dil[2]);
+    const int64_t u0 = coord(2, q, 0);
     int64_t s_lo = 0, s_hi = 0;  // taps of a merged run: 0 <= u0 + s < W
     if (merge) {
       s_lo = std::clamp<int64_t>(-u0, 0, S);
@@ -91,8 +95,7 @@ void for_each_run(const Problem& p, int64_t m0, int64_t rows, int64_t j0, int64_
     }
     for (int64_t tr = tr0, t = t0, r = r0; tr * seg < j1; ++tr) {
       const int64_t base = tr * seg, lo = std::max(j0, base), hi = std::min(j1, base + seg);
-      const int64_t id = input_at(p, 0, dilated_coord(z, t, p.stride[0], p.pad_lo[0], p.rhs_dil[0]));
-      const int64_t ih = input_at(p, 1, dilated_coord(pp, r, p.stride[1], p.pad_lo[1], p.rhs_dil[1]));
+      const int64_t id = input_at(p, 0, coord(0, z, t)), ih = input_at(p, 1, coord(1, pp, r));
       if (++r == R) r = 0, ++t;
       if (id < 0 || ih < 0) {
         fn(row, lo, hi - lo, int64_t(-1), int64_t(0));
@@ -100,7 +103,8 @@ void for_each_run(const Problem& p, int64_t m0, int64_t rows, int64_t j0, int64_
       }
       const int64_t wpos = ((n * D + id) * H + ih) * W;  // position of x[n, id, ih, 0]
       if (merge) {
-        const int64_t a = std::clamp(base + s_lo * Cg, lo, hi), b = std::clamp(base + s_hi * Cg, a, hi);
+        const int64_t a = std::clamp(base + s_lo * Cg, lo, hi);
+        const int64_t b = std::clamp(base + s_hi * Cg, a, hi);
         if (a > lo) fn(row, lo, a - lo, int64_t(-1), int64_t(0));
         if (b > a) fn(row, a, b - a, wpos + u0 + (a - base) / Cg, (a - base) % Cg);
         if (hi > b) fn(row, b, hi - b, int64_t(-1), int64_t(0));
@@ -135,14 +139,11 @@ void im2col(const Problem& p, const In* x, int64_t g, int64_t m0, int64_t rows, 
   for_each_run(p, m0, rows, j0, j1, mergeable(p, p.C),
                [&](int64_t row, int64_t j, int64_t len, int64_t pos, int64_t c0) {
                  T* d = dst + row * ld + (j - j0);
-                 const In* src = xg + pos * p.C + c0;
                  if (pos < 0) {
                    std::fill(d, d + len, T(0));
-                 } else if (std::is_same_v<In, T> && len >= 16) {
-                   std::memcpy(d, src, size_t(len) * sizeof(T));
-                 } else {
-                   for (int64_t i = 0; i < len; ++i) d[i] = T(load_acc(src[i]));
+                   return;
                  }
+                 gemm::convert(xg + pos * p.C + c0, len, d);
                });
 }
 
@@ -224,7 +225,8 @@ int64_t workers_for(int64_t tasks, int num_threads) {
 template <typename T, typename In>
 void pack_groups(const Parallel& par, int64_t G, Mat<In> b, int64_t b_step, int64_t k, int64_t n,
                  T* packed) {
-  const int64_t strips = gemm::b_strips(n, gemm::blocking<T>()), size = gemm::packed_b_elems<T>(k, n);
+  const int64_t strips = gemm::b_strips(n, gemm::blocking<T>());
+  const int64_t size = gemm::packed_b_elems<T>(k, n);
   par.for_each(G * strips, [&](int64_t i) {
     const int64_t g = i / strips, s = i % strips;
     gemm::pack_b<T, In>({b.data + g * b_step, b.rs, b.cs}, k, n, s, s + 1, packed + g * size);
@@ -372,7 +374,8 @@ Status bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Para
     } else {
       acc = carve.take<T>(ib.images * inS * Cg), ld_acc = Cg;
     }
-    for (int64_t i = 0; i < (n1 - n0) * inS; ++i) std::fill(acc + i * ld_acc, acc + i * ld_acc + Cg, T(0));
+    for (int64_t i = 0; i < (n1 - n0) * inS; ++i)
+      std::fill(acc + i * ld_acc, acc + i * ld_acc + Cg, T(0));
     for (int64_t m = n0 * ZPQ, next; m < n1 * ZPQ; m = next) {
       next = std::min(n1 * ZPQ, (m / kMaxChunkRows + 1) * kMaxChunkRows);
       const Mat<In> a = gemm::row_major(dy + m * p.K + g * Kg, p.K);  // (next - m, Kg)
