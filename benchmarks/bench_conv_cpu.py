@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +66,20 @@ def direction_fn(conv, direction):
     return lambda x, w, dy: jax.vjp(lambda w_: conv(x, w_), w)[1](dy)[0]
 
 
+def cpu_seconds(fn, inputs, repeats):
+    """Median process CPU time (all threads) of one fn(*args), measured like time_op. On a
+    machine shared with other jobs the wall time depends on how much of the cores the process
+    gets; GFLOP per CPU-second does not."""
+    many = jax.jit(lambda all_inputs: [fn(*args) for args in all_inputs])
+    jax.block_until_ready(many(inputs))
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        jax.block_until_ready(many(inputs))
+        times.append(time.process_time() - t0)
+    return statistics.median(times) / len(inputs)
+
+
 def bench_layer(layer, batch, directions, repeats):
     h, w_, cin, cout, k, stride, pad = layer
     out_h = (h + 2 * pad - k) // stride + 1
@@ -79,19 +95,24 @@ def bench_layer(layer, batch, directions, repeats):
     ours, xla = conv_fns(stride, pad)
     rows = []
     for d in directions:
-        t_ours = time_op(direction_fn(ours, d), inputs, repeats=repeats)
-        t_xla = time_op(direction_fn(xla, d), inputs, repeats=repeats)
+        fns = (direction_fn(ours, d), direction_fn(xla, d))
+        t_ours, t_xla = (time_op(f, inputs, repeats=repeats) for f in fns)
+        c_ours, c_xla = (cpu_seconds(f, inputs, max(3, repeats // 2)) for f in fns)
         rows.append({
             "layer": f"{h}x{w_} {cin}->{cout} {k}x{k}/{stride}",
             "dir": d,
             "jaxdnn GFLOP/s": flops / t_ours / 1e9,
             "XLA GFLOP/s": flops / t_xla / 1e9,
             "ratio": t_xla / t_ours,
-            "jaxdnn ms": t_ours * 1e3,
-            "XLA ms": t_xla * 1e3,
+            "jaxdnn GFLOP/cpu-s": flops / c_ours / 1e9,
+            "XLA GFLOP/cpu-s": flops / c_xla / 1e9,
+            "cpu ratio": c_xla / c_ours,
         })
-        print(f"{rows[-1]['layer']:28s} {d:10s} jaxdnn {rows[-1]['jaxdnn GFLOP/s']:7.1f}  "
-              f"XLA {rows[-1]['XLA GFLOP/s']:7.1f}  ratio {rows[-1]['ratio']:.2f}", flush=True)
+        r = rows[-1]
+        print(f"{r['layer']:22s} {d:10s} jaxdnn {r['jaxdnn GFLOP/s']:6.1f}  XLA "
+              f"{r['XLA GFLOP/s']:6.1f}  ratio {r['ratio']:.2f}   per cpu-s: jaxdnn "
+              f"{r['jaxdnn GFLOP/cpu-s']:6.1f}  XLA {r['XLA GFLOP/cpu-s']:6.1f}  ratio "
+              f"{r['cpu ratio']:.2f}", flush=True)
     return rows
 
 
@@ -111,15 +132,19 @@ def main():
     for layer in layers:
         rows += bench_layer(layer, args.batch, directions, args.repeats)
     for d in directions:
-        sel = [r["ratio"] for r in rows if r["dir"] == d]
-        rows.append({"layer": "geomean", "dir": d, "ratio": geomean(sel)})
+        sel = [r for r in rows if r["dir"] == d]
+        rows.append({"layer": "geomean", "dir": d, "ratio": geomean([r["ratio"] for r in sel]),
+                     "cpu ratio": geomean([r["cpu ratio"] for r in sel])})
     if args.no_write:
         return
     notes = (f"N={args.batch}, float32, NHWC; jaxdnn algo={ALGO!r} vs jax.lax.conv_general_dilated "
              "(backward: jax.vjp), both on all CPU cores. ratio = XLA time / jaxdnn time "
-             "(> 1: jaxdnn faster).")
+             "(> 1: jaxdnn faster). GFLOP/cpu-s divides by the process CPU time (all threads) "
+             "instead of the wall time: it does not depend on how much of the cores other jobs "
+             "leave to the benchmark.")
     write_results("conv_cpu", rows, ["layer", "dir", "jaxdnn GFLOP/s", "XLA GFLOP/s", "ratio",
-                                     "jaxdnn ms", "XLA ms"], notes=notes)
+                                     "jaxdnn GFLOP/cpu-s", "XLA GFLOP/cpu-s", "cpu ratio"],
+                  notes=notes)
 
 
 if __name__ == "__main__":
