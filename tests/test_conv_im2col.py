@@ -82,6 +82,8 @@ CASES = [
     _case("many_rows", (3, 16, 16, 8), (3, 3, 8, 20), (1, 1), "SAME"),
     _case("dw_row_and_col_tiles", (1, 5, 5, 32), (3, 3, 32, 600), (1, 1), "SAME"),
     _case("pointwise_deep", (2, 9, 9, 300), (1, 1, 300, 40), (1, 1), "VALID"),
+    # 144 positions an image, 576 dcol columns (2 panels): bwd_data chunks cross images.
+    _case("data_chunks_cross_images", (3, 12, 12, 64), (3, 3, 64, 8), (1, 1), "SAME"),
     # M = 8*32*33 = 8448 positions: 33 k blocks, so dw is reduced in 4 slices.
     _case("sliced_dw", (8, 32, 33, 3), (3, 3, 3, 5), (1, 1), "SAME"),
 ]
@@ -172,7 +174,8 @@ def test_conv_api_and_workspace():
 # Determinism and the other instruction sets
 # ----------------------------------------------------------------------------------------------
 
-DETERMINISM_CASES = ("many_rows", "wide_channels", "dw_row_and_col_tiles", "groups", "sliced_dw")
+DETERMINISM_CASES = ("many_rows", "wide_channels", "dw_row_and_col_tiles", "groups", "sliced_dw",
+                     "data_chunks_cross_images")
 
 
 def _bits(arrays):
