@@ -21,6 +21,7 @@ struct CpuAlgorithm {
 };
 
 extern const CpuAlgorithm kCpuDirect;       // cpu_direct.cc: the oracle
+extern const CpuAlgorithm kCpuIm2colGemm;   // cpu_im2col_gemm.cc: im2col + blocked GEMM
 
 const std::vector<const CpuAlgorithm*>& cpu_algorithms();
 const CpuAlgorithm* find_cpu_algorithm(const char* name);
