@@ -4,7 +4,7 @@
 //
 //   forward:  [16-bit only: convert the row to float]  max  ->  e = exp(x - max)  ->  sum(e)
 //             -> y = e / sum (softmax) or (x - max) - log(sum) (log_softmax)
-//   backward: [convert]  t = summand(y, c)  ->  r = sum(t)  ->  out(y, c, r)
+//   backward: [convert]  t = summand(y, c)  ->  r = sum(t)  ->  output(y, c, r)  (softmax_math.h)
 //
 // Every pass is a simple loop that vectorises (cpu_math's exp, reductions into per-lane partial
 // results, which keeps them deterministic and reassociation-free) compiled for the CPU's widest
@@ -18,6 +18,7 @@
 
 #include "cc/common/cpu_math.h"
 #include "cc/softmax/softmax.h"
+#include "cc/softmax/softmax_math.h"
 
 namespace jaxdnn::softmax {
 namespace {
@@ -82,26 +83,20 @@ JAXDNN_INLINE void forward_row(const T* __restrict__ x, T* __restrict__ y, int64
   }
 }
 
+struct CpuMath {
+  template <typename A> static JAXDNN_INLINE A exp(A x) { return cm::exp(x); }
+};
+
 // buf: 3n values of scratch.
 template <Linear kKind, typename T, typename A = acc_t<T>>
-JAXDNN_INLINE void backward_row(const T* __restrict__ y, const T* __restrict__ c, T* __restrict__ out,
-                              int64_t n, A* buf) {
+JAXDNN_INLINE void backward_row(const T* __restrict__ y, const T* __restrict__ c,
+                                T* __restrict__ out, int64_t n, A* buf) {
   const A* __restrict__ vy = row_values(y, n, buf + n);
   const A* __restrict__ vc = row_values(c, n, buf + 2 * n);
   A* __restrict__ t = buf;
-  if constexpr (kKind == Linear::kSoftmax) {
-    for (int64_t i = 0; i < n; ++i) t[i] = vy[i] * vc[i];
-    const A r = row_sum(t, n);
-    for (int64_t i = 0; i < n; ++i) out[i] = cm::store<T>(vy[i] * (vc[i] - r));
-  } else if constexpr (kKind == Linear::kLogSoftmaxVjp) {
-    const A r = row_sum(vc, n);
-    for (int64_t i = 0; i < n; ++i) out[i] = cm::store<T>(vc[i] - cm::exp(vy[i]) * r);
-  } else {
-    static_assert(kKind == Linear::kLogSoftmaxJvp);
-    for (int64_t i = 0; i < n; ++i) t[i] = cm::exp(vy[i]) * vc[i];
-    const A r = row_sum(t, n);
-    for (int64_t i = 0; i < n; ++i) out[i] = cm::store<T>(vc[i] - r);
-  }
+  for (int64_t i = 0; i < n; ++i) t[i] = summand<kKind, CpuMath>(vy[i], vc[i]);
+  const A r = row_sum(t, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = cm::store<T>(output<kKind, CpuMath>(vy[i], vc[i], r));
 }
 
 template <typename A>
