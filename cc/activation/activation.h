@@ -2,8 +2,8 @@
 // op (the formulas are in activation_math.h, shared by the CPU and CUDA kernels).
 //
 //   forward:   y  = f(x)
-//   backward:  dx = dy * f'(x), where the kernel reads s = y for the ops whose derivative is a
-//              cheap exact function of the output (sigmoid, tanh) and s = x for the others.
+//   backward:  dx = dy * f'(x), from x (for every op: then nothing but x needs saving, and
+//              sigmoid' = sigmoid(x) sigmoid(-x) has no cancellation, unlike y (1 - y))
 //
 // Traffic (minimal, and what the kernels move): forward reads n and writes n elements,
 // backward reads 2n and writes n.
@@ -33,9 +33,6 @@ enum class Op : int {
   kSoftplus = 9,
 };
 constexpr int kNumOps = 10;
-
-// Whether the backward kernel's saved operand is y (true) or x (false).
-constexpr bool backward_takes_output(Op op) { return op == Op::kSigmoid || op == Op::kTanh; }
 
 struct Problem {
   Op op;
@@ -67,7 +64,7 @@ bool dispatch_op(Op op, Fn&& fn) {
 
 // CPU kernels (cpu_activation.cc), on the intra-op thread pool.
 Status cpu_forward(const Problem& p, const void* x, void* y, const Parallel& par);
-Status cpu_backward(const Problem& p, const void* s, const void* dy, void* dx,
+Status cpu_backward(const Problem& p, const void* x, const void* dy, void* dx,
                     const Parallel& par);
 
 }  // namespace jaxdnn::activation

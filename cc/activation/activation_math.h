@@ -74,38 +74,40 @@ JAXDNN_ACT_FN A forward(A x, A alpha) {
   }
 }
 
-// dy * f'(x), where s is y for backward_takes_output(kOp) and x otherwise.
+// dy * f'(x).
 template <Op kOp, typename M, typename A>
-JAXDNN_ACT_FN A backward(A s, A dy, A alpha) {
+JAXDNN_ACT_FN A backward(A x, A dy, A alpha) {
   if constexpr (kOp == Op::kRelu) {
-    return M::select(s > A(0), dy, A(0));
+    return M::select(x > A(0), dy, A(0));
   } else if constexpr (kOp == Op::kRelu6) {
-    return M::select((s > A(0)) & (s < A(6)), dy, A(0));
+    return M::select((x > A(0)) & (x < A(6)), dy, A(0));
   } else if constexpr (kOp == Op::kLeakyRelu) {
-    return M::select(s >= A(0), dy, alpha * dy);
+    return M::select(x >= A(0), dy, alpha * dy);
   } else if constexpr (kOp == Op::kElu) {
-    return M::select(s > A(0), dy, dy * (alpha * M::exp(s)));
-  } else if constexpr (kOp == Op::kSigmoid) {  // s = y
-    return dy * (s * (A(1) - s));
-  } else if constexpr (kOp == Op::kTanh) {  // s = y
-    return dy * ((A(1) - s) * (A(1) + s));
+    return M::select(x > A(0), dy, dy * (alpha * M::exp(x)));
+  } else if constexpr (kOp == Op::kSigmoid) {
+    const SigmoidPair<A> p = sigmoid_pair<M>(x);
+    return dy * (p.s * p.sm);
+  } else if constexpr (kOp == Op::kTanh) {
+    const A t = M::tanh(x);
+    return dy * ((A(1) - t) * (A(1) + t));
   } else if constexpr (kOp == Op::kGeluTanh) {
     // d/dx x sigmoid(2u) = S + x (2u)' S (1 - S),  (2u)' = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-    const SigmoidPair<A> p = sigmoid_pair<M>(gelu_two_u(s));
-    const A du = A(2 * kSqrt2OverPi) * (A(1) + A(3 * kGeluCubic) * s * s);
-    return dy * (p.s + s * du * (p.s * p.sm));
+    const SigmoidPair<A> p = sigmoid_pair<M>(gelu_two_u(x));
+    const A du = A(2 * kSqrt2OverPi) * (A(1) + A(3 * kGeluCubic) * x * x);
+    return dy * (p.s + x * du * (p.s * p.sm));
   } else if constexpr (kOp == Op::kGeluErf) {
     // d/dx x Phi(x) = Phi(x) + x phi(x)
-    const A cdf = A(0.5) * M::erfc(-s * A(kSqrtHalf));
-    const A pdf = A(kInvSqrt2Pi) * M::exp(A(-0.5) * s * s);
-    return dy * (cdf + s * pdf);
+    const A cdf = A(0.5) * M::erfc(-x * A(kSqrtHalf));
+    const A pdf = A(kInvSqrt2Pi) * M::exp(A(-0.5) * x * x);
+    return dy * (cdf + x * pdf);
   } else if constexpr (kOp == Op::kSilu) {
     // d/dx x sigmoid(x) = sigmoid(x) (1 + x sigmoid(-x))
-    const SigmoidPair<A> p = sigmoid_pair<M>(s);
-    return dy * (p.s * (A(1) + s * p.sm));
+    const SigmoidPair<A> p = sigmoid_pair<M>(x);
+    return dy * (p.s * (A(1) + x * p.sm));
   } else {
     static_assert(kOp == Op::kSoftplus);
-    return dy * sigmoid_pair<M>(s).s;
+    return dy * sigmoid_pair<M>(x).s;
   }
 }
 

@@ -46,10 +46,10 @@ JAXDNN_INLINE void forward_loop(const T* __restrict__ x, T* __restrict__ y, int6
 }
 
 template <Op kOp, typename T>
-JAXDNN_INLINE void backward_loop(const T* __restrict__ s, const T* __restrict__ dy,
+JAXDNN_INLINE void backward_loop(const T* __restrict__ x, const T* __restrict__ dy,
                                  T* __restrict__ dx, int64_t n, acc_t<T> alpha) {
   for (int64_t i = 0; i < n; ++i)
-    dx[i] = cm::store<T>(backward<kOp, CpuMath>(cm::load(s[i]), cm::load(dy[i]), alpha));
+    dx[i] = cm::store<T>(backward<kOp, CpuMath>(cm::load(x[i]), cm::load(dy[i]), alpha));
 }
 
 }  // namespace
@@ -71,18 +71,18 @@ Status cpu_forward(const Problem& p, const void* x, void* y, const Parallel& par
                            : Status::Error("jaxdnn activation: unknown op code or dtype");
 }
 
-Status cpu_backward(const Problem& p, const void* s, const void* dy, void* dx,
+Status cpu_backward(const Problem& p, const void* x, const void* dy, void* dx,
                     const Parallel& par) {
   bool dtype_ok = false;
   const bool op_ok = dispatch_op(p.op, [&](auto op) {
     dtype_ok = dispatch_io(p.dtype, p.dtype, [&](auto tag, auto) {
       using T = decltype(tag);
-      const T* st = static_cast<const T*>(s);
+      const T* xt = static_cast<const T*>(x);
       const T* dyt = static_cast<const T*>(dy);
       T* dxt = static_cast<T*>(dx);
       const acc_t<T> alpha = acc_t<T>(p.alpha);
       for_each_chunk(p.n, par, [&](int64_t begin, int64_t len) {
-        backward_loop<decltype(op)::value>(st + begin, dyt + begin, dxt + begin, len, alpha);
+        backward_loop<decltype(op)::value>(xt + begin, dyt + begin, dxt + begin, len, alpha);
       });
     });
   });

@@ -120,9 +120,9 @@ Status cuda_forward(const Problem& p, const void* x, void* y, cudaStream_t strea
   return launch<false>(p, x, nullptr, y, stream);
 }
 
-Status cuda_backward(const Problem& p, const void* s, const void* dy, void* dx,
+Status cuda_backward(const Problem& p, const void* x, const void* dy, void* dx,
                      cudaStream_t stream) {
-  return launch<true>(p, s, dy, dx, stream);
+  return launch<true>(p, x, dy, dx, stream);
 }
 
 }  // namespace jaxdnn::activation

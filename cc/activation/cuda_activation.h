@@ -8,7 +8,7 @@
 namespace jaxdnn::activation {
 
 Status cuda_forward(const Problem& p, const void* x, void* y, cudaStream_t stream);
-Status cuda_backward(const Problem& p, const void* s, const void* dy, void* dx,
+Status cuda_backward(const Problem& p, const void* x, const void* dy, void* dx,
                      cudaStream_t stream);
 
 }  // namespace jaxdnn::activation

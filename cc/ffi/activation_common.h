@@ -2,8 +2,7 @@
 // targets (identical on both platforms) and buffers + attributes -> activation::Problem.
 //
 //   jaxdnn_activation_fwd(x)      -> y    attributes: op (int64), alpha (float64[1])
-//   jaxdnn_activation_bwd(s, dy)  -> dx   the same attributes; s is x, or y for the ops with
-//                                         activation::backward_takes_output
+//   jaxdnn_activation_bwd(x, dy)  -> dx   the same attributes
 // alpha travels as a one-element float64 array so that float64 computation sees the exact
 // Python value (scalar float attributes are float32 by the project's convention).
 #pragma once

@@ -20,15 +20,15 @@ ffi::Error ActivationFwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer x,
                                           FfiParallel(pool)));
 }
 
-ffi::Error ActivationBwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer s, ffi::AnyBuffer dy,
+ffi::Error ActivationBwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer dy,
                             ffi::Result<ffi::AnyBuffer> dx, int64_t op,
                             ffi::Span<const double> alpha) {
   activation::Problem p;
-  std::string err = make_activation_problem({&s, &dy, &*dx}, op, alpha, &p);
+  std::string err = make_activation_problem({&x, &dy, &*dx}, op, alpha, &p);
   if (!err.empty()) return invalid("jaxdnn activation bwd: " + err);
   if (p.n == 0) return ffi::Error::Success();
   poison_host(*dx);
-  return to_error(activation::cpu_backward(p, s.untyped_data(), dy.untyped_data(),
+  return to_error(activation::cpu_backward(p, x.untyped_data(), dy.untyped_data(),
                                            dx->untyped_data(), FfiParallel(pool)));
 }
 

@@ -22,15 +22,15 @@ ffi::Error ActivationFwdCuda(cudaStream_t stream, ffi::AnyBuffer x,
   return to_error(activation::cuda_forward(p, x.untyped_data(), y->untyped_data(), stream));
 }
 
-ffi::Error ActivationBwdCuda(cudaStream_t stream, ffi::AnyBuffer s, ffi::AnyBuffer dy,
+ffi::Error ActivationBwdCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer dy,
                              ffi::Result<ffi::AnyBuffer> dx, int64_t op,
                              ffi::Span<const double> alpha) {
   activation::Problem p;
-  std::string err = make_activation_problem({&s, &dy, &*dx}, op, alpha, &p);
+  std::string err = make_activation_problem({&x, &dy, &*dx}, op, alpha, &p);
   if (!err.empty()) return invalid("jaxdnn activation bwd: " + err);
   if (p.n == 0) return ffi::Error::Success();
   if (ffi::Error e = poison_device(*dx, stream); e.failure()) return e;
-  return to_error(activation::cuda_backward(p, s.untyped_data(), dy.untyped_data(),
+  return to_error(activation::cuda_backward(p, x.untyped_data(), dy.untyped_data(),
                                             dx->untyped_data(), stream));
 }
 

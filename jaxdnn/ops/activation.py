@@ -4,13 +4,13 @@ Two primitives serve every op (the op is a parameter), lowered to one forward an
 kernel family (``cc/activation``)::
 
     activation_fwd_p(x; op, alpha)       -> y  = f(x)
-    activation_bwd_p(s, dy; op, alpha)   -> dx = dy * f'(x)    s = y for sigmoid and tanh, else x
+    activation_bwd_p(x, dy; op, alpha)   -> dx = dy * f'(x)
 
 The forward's jvp is the backward primitive applied to the tangent: linear in it, and its own
-transpose (the Jacobian is diagonal), so ``grad`` runs our backward kernel. From second order
-on, the backward primitive is differentiated in its saved operand s: writing f'(x) = g(s), that
-term is ``dy * g'(s) * ds``, in jnp on the saved operand. Every op matches ``jax.nn``, special
-values included (see ``cc/activation/activation_math.h``).
+transpose (the Jacobian is diagonal), so ``grad`` runs our backward kernel, which needs only x
+saved. From second order on, the backward primitive is differentiated in x too: that term,
+``dy * f''(x) * dx``, is jnp on the saved x. Every op matches ``jax.nn``, special values
+included (see ``cc/activation/activation_math.h``).
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.flo
 # Op codes of the kernels: the position in this tuple (cc/activation/activation.h: Op).
 _OPS = ("relu", "relu6", "leaky_relu", "elu", "sigmoid", "tanh", "gelu_tanh", "gelu_erf", "silu",
         "softplus")
-# Ops whose backward kernel reads y instead of x (activation::backward_takes_output).
-_TAKES_OUTPUT = frozenset({"sigmoid", "tanh"})
 # Python floats (weakly typed): they keep the operand's dtype in the jnp formulas below.
 _SQRT_2_OVER_PI = float(np.sqrt(2 / np.pi))
 _INV_SQRT_2PI = float(1 / np.sqrt(2 * np.pi))
@@ -49,11 +47,11 @@ def _fwd_abstract_eval(x, *, op, alpha):
     return ShapedArray(x.shape, x.dtype)
 
 
-def _bwd_abstract_eval(s, dy, *, op, alpha):
-    if s.shape != dy.shape or s.dtype != dy.dtype:
-        raise TypeError(f"jaxdnn activation bwd: operands {s.str_short()} and {dy.str_short()} "
+def _bwd_abstract_eval(x, dy, *, op, alpha):
+    if x.shape != dy.shape or x.dtype != dy.dtype:
+        raise TypeError(f"jaxdnn activation bwd: operands {x.str_short()} and {dy.str_short()} "
                         "must have one shape and dtype")
-    return ShapedArray(s.shape, s.dtype)
+    return ShapedArray(x.shape, x.dtype)
 
 
 def _attrs(platform, ctx, *, op, alpha):
@@ -67,56 +65,54 @@ activation_bwd_p = _ffi.define_primitive("jaxdnn_activation_bwd", _bwd_abstract_
                                          attrs=_attrs)
 
 
-def _slope_derivative(op, alpha, s):
-    """g'(s), where f'(x) = g(s) is the slope the backward kernel computes from its saved
-    operand s (y for sigmoid and tanh, else x); None where it is zero."""
+def _second_derivative(op, alpha, x):
+    """f''(x) in jnp, or None where it is zero (away from the kinks)."""
     if op in ("relu", "relu6", "leaky_relu"):
         return None
     if op == "elu":
-        return jnp.where(s > 0, 0, alpha * jnp.exp(s))
-    if op == "sigmoid":  # g(y) = y (1 - y)
-        return 1 - 2 * s
-    if op == "tanh":  # g(y) = 1 - y^2
-        return -2 * s
-    if op == "softplus":  # g(x) = sigmoid(x)
-        p = jax.nn.sigmoid(s)
-        return p * (1 - p)
-    if op == "silu":  # g(x) = p (1 + x (1 - p)), p = sigmoid(x)
-        p = jax.nn.sigmoid(s)
-        return p * (1 - p) * (2 + s * (1 - 2 * p))
-    if op == "gelu_erf":  # g(x) = Phi(x) + x phi(x)
-        return _INV_SQRT_2PI * jnp.exp(-s * s / 2) * (2 - s * s)
+        return jnp.where(x > 0, 0, alpha * jnp.exp(x))
+    if op in ("sigmoid", "softplus"):  # f' = p (1 - p) and f' = p, with p = sigmoid(x)
+        p = jax.nn.sigmoid(x)
+        return p * (1 - p) * (1 - 2 * p) if op == "sigmoid" else p * (1 - p)
+    if op == "tanh":  # f' = 1 - t^2
+        t = jnp.tanh(x)
+        return -2 * t * (1 - t) * (1 + t)
+    if op == "silu":  # f' = p (1 + x (1 - p))
+        p = jax.nn.sigmoid(x)
+        return p * (1 - p) * (2 + x * (1 - 2 * p))
+    if op == "gelu_erf":  # f' = Phi(x) + x phi(x)
+        return _INV_SQRT_2PI * jnp.exp(-x * x / 2) * (2 - x * x)
     # gelu_tanh: f = x S(v), v = 2 sqrt(2/pi) (x + 0.044715 x^3); f'' = 2 S' + x S''.
     k, a = 2 * _SQRT_2_OVER_PI, 0.044715
-    p = jax.nn.sigmoid(k * s * (1 + a * s * s))
-    dv, d2v = k * (1 + 3 * a * s * s), 6 * a * k * s
+    p = jax.nn.sigmoid(k * x * (1 + a * x * x))
+    dv, d2v = k * (1 + 3 * a * x * x), 6 * a * k * x
     ds = dv * p * (1 - p)
     d2s = d2v * p * (1 - p) + dv * dv * p * (1 - p) * (1 - 2 * p)
-    return 2 * ds + s * d2s
+    return 2 * ds + x * d2s
 
 
-def _fwd_jvp(t, y, x, *, op, alpha):
-    return activation_bwd_p.bind(y if op in _TAKES_OUTPUT else x, t, op=op, alpha=alpha)
+def _fwd_jvp(t, x, *, op, alpha):
+    return activation_bwd_p.bind(x, t, op=op, alpha=alpha)
 
 
-def _bwd_jvp_saved(t, s, dy, *, op, alpha):
-    d = _slope_derivative(op, alpha, s)
-    return ad.Zero(jax.typeof(t)) if d is None else dy * d * t
+def _bwd_jvp_x(t, x, dy, *, op, alpha):
+    d2 = _second_derivative(op, alpha, x)
+    return ad.Zero(jax.typeof(t)) if d2 is None else dy * d2 * t
 
 
-def _bwd_jvp_cotangent(t, s, dy, *, op, alpha):
-    return activation_bwd_p.bind(s, t, op=op, alpha=alpha)
+def _bwd_jvp_dy(t, x, dy, *, op, alpha):
+    return activation_bwd_p.bind(x, t, op=op, alpha=alpha)
 
 
-def _bwd_transpose(ct, s, dy, *, op, alpha):
-    # Linear in dy only; s is always a known value when this is transposed.
+def _bwd_transpose(ct, x, dy, *, op, alpha):
+    # Linear in dy only; x is always a known value when this is transposed.
     if type(ct) is ad.Zero:
         return None, ad.Zero(dy.aval)
-    return None, activation_bwd_p.bind(s, ct, op=op, alpha=alpha)
+    return None, activation_bwd_p.bind(x, ct, op=op, alpha=alpha)
 
 
-ad.defjvp2(activation_fwd_p, _fwd_jvp)
-ad.defjvp(activation_bwd_p, _bwd_jvp_saved, _bwd_jvp_cotangent)
+ad.defjvp(activation_fwd_p, _fwd_jvp)
+ad.defjvp(activation_bwd_p, _bwd_jvp_x, _bwd_jvp_dy)
 ad.primitive_transposes[activation_bwd_p] = _bwd_transpose
 
 
@@ -128,13 +124,12 @@ def _fwd_batch(args, dims, **params):
 
 
 def _bwd_batch(args, dims, **params):
-    s, dy = args
     if dims[0] == dims[1]:
-        return activation_bwd_p.bind(s, dy, **params), dims[0]
+        return activation_bwd_p.bind(*args, **params), dims[0]
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    s, dy = (jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+    x, dy = (jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
              for a, d in zip(args, dims))
-    return activation_bwd_p.bind(s, dy, **params), 0
+    return activation_bwd_p.bind(x, dy, **params), 0
 
 
 batching.primitive_batchers[activation_fwd_p] = _fwd_batch
