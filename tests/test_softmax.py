@@ -46,11 +46,13 @@ def _check(name, platform, cases, dtype, *, round_ref=False):
             assert_close(out, want, dtype, what=f"{name} {what} {x.shape} axis={axis}")
 
 
-# (shape, axis): odd sizes; rows that are unaligned for 16-byte vectors; a row longer than one
-# GPU thread block holds in registers (20000 float32 > 16384); a non-last axis; several axes;
-# all axes; size-1 reduced and non-reduced dims.
-CASES = [((5, 37), -1), ((3, 4, 128), -1), ((2, 1001), -1), ((3, 4100), 1), ((2, 20000), -1),
-         ((4, 9, 6), 1), ((3, 4, 5), (0, 2)), ((6, 7), None), ((5, 1), -1), ((1, 7), 0)]
+# (shape, axis): odd sizes; rows unaligned for 16-byte vectors (37, 1001); every GPU path: a
+# warp per row (37, 128), blocks of 64 to 512 threads per row (2048, 4100, 12000), a row longer
+# than a block holds in registers (20000 > 16384 elements: the online kernel); a non-last axis;
+# several axes; all axes; size-1 reduced and non-reduced dims.
+CASES = [((5, 37), -1), ((3, 4, 128), -1), ((2, 1001), -1), ((2, 2048), -1), ((3, 4100), 1),
+         ((1, 12000), -1), ((2, 20000), -1), ((4, 9, 6), 1), ((3, 4, 5), (0, 2)), ((6, 7), None),
+         ((5, 1), -1), ((1, 7), 0)]
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
