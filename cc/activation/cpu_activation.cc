@@ -27,9 +27,9 @@ struct CpuMath {
   template <typename A> static JAXDNN_INLINE A select(bool c, A a, A b) { return cm::select(c, a, b); }
 };
 
-// 16K elements (64 KiB of float32 per operand) per task: large enough to amortise the task
+// 64K elements (256 KiB of float32 per operand) per task: large enough to amortise the task
 // hand-out, small enough to balance two to dozens of threads.
-constexpr int64_t kChunk = 16384;
+constexpr int64_t kChunk = 65536;
 
 template <typename Body>
 void for_each_chunk(int64_t n, const Parallel& par, const Body& body) {
