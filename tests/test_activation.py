@@ -36,20 +36,22 @@ OPS = {
 SHAPES = [(3, 37, 5), (70001,)]
 
 
-# Everything runs under jit: one compilation per function instead of one per eager op, cached
-# so the float64 references are shared by every dtype.
+# Everything runs under jit: one compilation per function (and list of input shapes) instead
+# of one per eager op, cached so the float64 references are shared by every dtype.
 
 @functools.cache
 def _value_and_vjp(f):
-    def run(x, ct):
+    """jit([(x, ct)] -> [(f(x), vjp(ct))])."""
+    def one(x, ct):
         y, vjp = jax.vjp(f, x)
         return y, vjp(ct)[0]
-    return jax.jit(run)
+    return jax.jit(lambda pairs: [one(x, ct) for x, ct in pairs])
 
 
-def _ref_value_and_vjp(name, x, ct):
-    """The float64 jax.nn value and vjp at the dtype-rounded inputs."""
-    return _value_and_vjp(OPS[name][1])(np.asarray(x, np.float64), np.asarray(ct, np.float64))
+def _ref_value_and_vjp(name, pairs):
+    """The float64 jax.nn values and vjps at the dtype-rounded inputs."""
+    return _value_and_vjp(OPS[name][1])([(np.asarray(x, np.float64), np.asarray(ct, np.float64))
+                                         for x, ct in pairs])
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -57,15 +59,12 @@ def _ref_value_and_vjp(name, x, ct):
 @pytest.mark.parametrize("name", OPS)
 def test_forward_and_backward(platform, dtype, name):
     rng = np.random.default_rng(0)
-    f = OPS[name][0]
-    for shape in SHAPES:
-        x = rand(rng, shape, dtype, scale=3.0)
-        ct = rand(rng, shape, dtype)
-        y, dx = _value_and_vjp(f)(*on(platform, x, ct))
-        assert y.dtype == np.dtype(dtype) and y.shape == shape
-        y_ref, dx_ref = _ref_value_and_vjp(name, x, ct)
-        assert_close(y, y_ref, dtype, what=f"{name} {shape}")
-        assert_close(dx, dx_ref, dtype, what=f"{name} grad {shape}")
+    pairs = [(rand(rng, shape, dtype, scale=3.0), rand(rng, shape, dtype)) for shape in SHAPES]
+    outs = _value_and_vjp(OPS[name][0])([on(platform, x, ct) for x, ct in pairs])
+    for (x, _), (y, dx), (y_ref, dx_ref) in zip(pairs, outs, _ref_value_and_vjp(name, pairs)):
+        assert y.dtype == np.dtype(dtype) and y.shape == x.shape
+        assert_close(y, y_ref, dtype, what=f"{name} {x.shape}")
+        assert_close(dx, dx_ref, dtype, what=f"{name} grad {x.shape}")
 
 
 # Special values: NaN and infinities propagate as in jax.nn (compared in float64, where the
@@ -78,8 +77,8 @@ SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 6.0, 30.0, -30.0, 1e-3, -1e-3, 0.
 @pytest.mark.parametrize("name", OPS)
 def test_special_values(platform, dtype, name):
     x = np.array(SPECIAL, dtype=dtype)
-    y, dx = _value_and_vjp(OPS[name][0])(*on(platform, x, np.ones_like(x)))
-    y_ref, dx_ref = _ref_value_and_vjp(name, x, np.ones_like(x))
+    [(y, dx)] = _value_and_vjp(OPS[name][0])([on(platform, x, np.ones_like(x))])
+    [(y_ref, dx_ref)] = _ref_value_and_vjp(name, [(x, np.ones_like(x))])
     assert_close(y, y_ref, dtype, what=name)
     assert_close(dx, dx_ref, dtype, what=f"{name} grad")
 
@@ -89,8 +88,8 @@ def test_special_values(platform, dtype, name):
 def test_empty_and_scalar(platform, shape):
     x = np.full(shape, 0.5, np.float32)
     for name, (f, _) in OPS.items():
-        y, dx = _value_and_vjp(f)(*on(platform, x, x))
-        y_ref, dx_ref = _ref_value_and_vjp(name, x, x)
+        [(y, dx)] = _value_and_vjp(f)([on(platform, x, x)])
+        [(y_ref, dx_ref)] = _ref_value_and_vjp(name, [(x, x)])
         assert_close(y, y_ref, np.float32, what=name)
         assert_close(dx, dx_ref, np.float32, what=name)
 
