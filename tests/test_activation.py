@@ -146,3 +146,16 @@ def test_bad_arguments():
         jaxdnn.elu(x, alpha=float("nan"))
     with pytest.raises(TypeError, match="`approximate`"):
         jaxdnn.gelu(x, approximate="yes")
+
+
+def test_cuda_lowering():
+    """Every op lowers to our custom calls for the GPU, also on a machine without one (when the
+    CUDA module is built)."""
+    if jaxdnn._ffi._cuda is None:
+        pytest.skip("built without CUDA")
+    x = jnp.ones((3, 5), jnp.bfloat16)
+    for name, (f, _) in OPS.items():
+        grad = jax.grad(lambda v, f=f: jnp.sum(f(v).astype(jnp.float32)))
+        text = jax.jit(lambda v: (f(v), grad(v))).trace(x).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert "jaxdnn_activation_fwd" in text and "jaxdnn_activation_bwd" in text, name

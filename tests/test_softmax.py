@@ -179,3 +179,16 @@ def test_bad_arguments():
             f(x, axis=1.0)
         with pytest.raises(TypeError, match="`x`"):
             f(jnp.ones((2, 3), jnp.int32))
+
+
+def test_cuda_lowering():
+    """Both ops and their derivatives lower to our custom calls for the GPU, also on a machine
+    without one (when the CUDA module is built)."""
+    if jaxdnn._ffi._cuda is None:
+        pytest.skip("built without CUDA")
+    x = jnp.ones((3, 5), jnp.bfloat16)
+    for name, (f, _) in FUNCS.items():
+        grad = jax.grad(lambda v, f=f: jnp.sum(f(v, axis=0).astype(jnp.float32) ** 2))
+        text = jax.jit(lambda v: (f(v), grad(v))).trace(x).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert "jaxdnn_softmax_fwd" in text and "jaxdnn_softmax_bwd" in text, name
