@@ -81,6 +81,7 @@ def main():
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--note", default="", help="appended to the notes of the results table")
     args = parser.parse_args()
     on_gpu = jax.devices()[0].platform == "gpu"
     shape = tuple(args.shape) if args.shape else ((32768, 4096) if on_gpu else (1024, 4096))
@@ -89,7 +90,7 @@ def main():
     notes = ("GB/s of minimal traffic: fwd 2N elements (read x, write y), bwd 3N (read x and dy, "
              "write dx). ratio = xla_us / jaxdnn_us (> 1: jaxdnn faster). bwd = "
              "jit(vjp(f, x)(dy)) for both. Geomean ratio: "
-             f"{geomean([r['ratio'] for r in rows]):.3f}.")
+             f"{geomean([r['ratio'] for r in rows]):.3f}. {args.note}".strip())
     write_results("activation", rows, COLUMNS, notes=notes)
 
 

@@ -75,6 +75,7 @@ def main():
     parser.add_argument("--extra", action="store_true", help="also time the other GPU paths")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--note", default="", help="appended to the notes of the results table")
     args = parser.parse_args()
     on_gpu = jax.devices()[0].platform == "gpu"
     shapes = [tuple(args.shape) if args.shape else ((32768, 4096) if on_gpu else (1024, 4096))]
@@ -84,7 +85,7 @@ def main():
     notes = ("GB/s of minimal traffic: fwd 2N elements (read x, write y), bwd 3N (read y and dy, "
              "write dx). ratio = xla_us / jaxdnn_us (> 1: jaxdnn faster). bwd = each "
              "implementation's vjp function (its saved residuals) applied to dy. Geomean ratio: "
-             f"{geomean([r['ratio'] for r in rows]):.3f}.")
+             f"{geomean([r['ratio'] for r in rows]):.3f}. {args.note}".strip())
     write_results("softmax", rows, COLUMNS, notes=notes)
 
 
