@@ -28,11 +28,13 @@ struct Operands {
   void* out;
 };
 
-// The math policy of softmax_math.h: exp of a non-positive argument (x - max, or a
-// log-probability), where the fast exp is accurate to 2 ulp.
+// The math policy of softmax_math.h (plus log, once per row): exp of a non-positive argument
+// (x - max, or a log-probability), where the fast exp is accurate to 2 ulp.
 struct CudaMath {
   static __device__ __forceinline__ float exp(float x) { return __expf(x); }
   static __device__ __forceinline__ double exp(double x) { return ::exp(x); }
+  static __device__ __forceinline__ float log(float x) { return logf(x); }
+  static __device__ __forceinline__ double log(double x) { return ::log(x); }
 };
 
 // Calls fn(std::integral_constant<Kind, k>{}) for a runtime kind.

@@ -82,7 +82,7 @@ softmax_online_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __res
         for (int e = 0; e < kN; ++e) st = combine(st, {A(to_acc(p.v[e])), A(1)});
       }
       st = block_combine(st, sm, ss);
-      const A inv = A(1) / st.s, log_s = log(st.s);
+      const A inv = A(1) / st.s, log_s = CudaMath::log(st.s);
       for (int64_t j = threadIdx.x; j < packs; j += kThreads) {
         const P p = P::load_stream(ar + j * kN);
         P r;

@@ -96,7 +96,7 @@ softmax_rows_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restr
       // softmax: y = e / s;  log_softmax: y = (x - m) - log(s)
       const A scale = kKind == Kind::kSoftmax ? A(1) / s : A(1);
       const A shift = kKind == Kind::kSoftmax ? A(0) : m;
-      const A add = kKind == Kind::kSoftmax ? A(0) : -log(s);
+      const A add = kKind == Kind::kSoftmax ? A(0) : -CudaMath::log(s);
 #pragma unroll
       for (int k = 0; k < K; ++k)
         if (col(k) < cols) {
