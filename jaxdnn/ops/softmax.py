@@ -1,3 +1,166 @@
-"""softmax ops (being written)."""
+"""softmax and log_softmax over any axis (or axes).
 
-__all__: list[str] = []
+Two primitives, both over the last axis of operands of any rank >= 1 (the other dimensions are
+rows), lowered to the kernels of ``cc/softmax``::
+
+    softmax_fwd_p(x; log)      -> y = softmax(x), or log_softmax(x) with log=True
+    softmax_bwd_p(y, c; kind)  -> kind "softmax":          y * (c - sum(y c))
+                                  kind "log_softmax_vjp":  c - exp(y) sum(c)
+                                  kind "log_softmax_jvp":  c - sum(exp(y) c)
+
+The backward primitive is linear in c. softmax's Jacobian is symmetric, so its jvp and vjp are
+the same "softmax" map (self-transpose); log_softmax's jvp map ("log_softmax_jvp") and vjp map
+("log_softmax_vjp") are each other's transpose. So ``jvp`` and ``grad`` both run our kernels.
+The backward primitive's derivative in y (second order on) is written in jnp. Other axes are
+moved last (and several axes merged into one) with a transpose and a reshape around the call.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.interpreters import ad, batching
+
+from .. import _ffi
+from .activation import _input
+
+__all__ = ["log_softmax", "softmax"]
+
+# Codes of the backward kernel (cc/softmax/softmax.h: Linear), and each map's transpose.
+_KINDS = ("softmax", "log_softmax_vjp", "log_softmax_jvp")
+_TRANSPOSE = {"softmax": "softmax", "log_softmax_vjp": "log_softmax_jvp",
+              "log_softmax_jvp": "log_softmax_vjp"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Primitives
+# ----------------------------------------------------------------------------------------------
+
+def _fwd_abstract_eval(x, *, log):
+    if x.ndim == 0:
+        raise TypeError("jaxdnn softmax fwd: the operand must have rank >= 1")
+    return ShapedArray(x.shape, x.dtype)
+
+
+def _bwd_abstract_eval(y, c, *, kind):
+    if y.ndim == 0 or y.shape != c.shape or y.dtype != c.dtype:
+        raise TypeError(f"jaxdnn softmax bwd: operands {y.str_short()} and {c.str_short()} must "
+                        "have one shape (rank >= 1) and dtype")
+    return ShapedArray(y.shape, y.dtype)
+
+
+softmax_fwd_p = _ffi.define_primitive("jaxdnn_softmax_fwd", _fwd_abstract_eval)
+softmax_bwd_p = _ffi.define_primitive(
+    "jaxdnn_softmax_bwd", _bwd_abstract_eval,
+    attrs=lambda platform, ctx, *, kind: dict(kind=_KINDS.index(kind)))
+
+
+def _row_sum(a):
+    return jnp.sum(a, axis=-1, keepdims=True)
+
+
+def _fwd_jvp(t, y, x, *, log):
+    return softmax_bwd_p.bind(y, t, kind="log_softmax_jvp" if log else "softmax")
+
+
+def _bwd_jvp_y(t, y, c, *, kind):
+    if kind == "softmax":  # d/dy [y (c - sum(y c))]
+        return t * (c - _row_sum(y * c)) - y * _row_sum(t * c)
+    if kind == "log_softmax_vjp":  # d/dy [c - exp(y) sum(c)]
+        return -jnp.exp(y) * t * _row_sum(c)
+    return jnp.broadcast_to(-_row_sum(jnp.exp(y) * t * c), y.shape)  # d/dy [c - sum(exp(y) c)]
+
+
+def _bwd_jvp_c(t, y, c, *, kind):
+    return softmax_bwd_p.bind(y, t, kind=kind)
+
+
+def _bwd_transpose(ct, y, c, *, kind):
+    # Linear in c only; y is always a known value when this is transposed.
+    if type(ct) is ad.Zero:
+        return None, ad.Zero(c.aval)
+    return None, softmax_bwd_p.bind(y, ct, kind=_TRANSPOSE[kind])
+
+
+ad.defjvp2(softmax_fwd_p, _fwd_jvp)
+ad.defjvp(softmax_bwd_p, _bwd_jvp_y, _bwd_jvp_c)
+ad.primitive_transposes[softmax_bwd_p] = _bwd_transpose
+
+
+# Batching: the mapped axis joins the rows. It can stay where it is unless it is the last
+# axis (the reduced one); then, or when the two backward operands are mapped differently, the
+# mapped axis moves to the front (an unmapped operand is broadcast).
+
+def _fwd_batch(args, dims, *, log):
+    x, d = args[0], dims[0]
+    if d == x.ndim - 1:
+        x, d = jnp.moveaxis(x, d, 0), 0
+    return softmax_fwd_p.bind(x, log=log), d
+
+
+def _bwd_batch(args, dims, *, kind):
+    y, c = args
+    if dims[0] == dims[1] and dims[0] != y.ndim - 1:
+        return softmax_bwd_p.bind(y, c, kind=kind), dims[0]
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    y, c = (jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+            for a, d in zip(args, dims))
+    return softmax_bwd_p.bind(y, c, kind=kind), 0
+
+
+batching.primitive_batchers[softmax_fwd_p] = _fwd_batch
+batching.primitive_batchers[softmax_bwd_p] = _bwd_batch
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+def _axes(axis, ndim, api):
+    """`axis` (an int, a sequence of ints or None for all) as a sorted tuple of non-negative
+    axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    seq = axis if isinstance(axis, (tuple, list)) else (axis,)
+    try:
+        seq = [operator.index(a) for a in seq]
+    except TypeError as e:
+        raise TypeError(f"jaxdnn.{api}: `axis` must be an int, a sequence of ints or None, got "
+                        f"{axis!r}") from e
+    out = []
+    for a in seq:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"jaxdnn.{api}: `axis` {a} is out of range for `x` of rank {ndim}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"jaxdnn.{api}: `axis` has repeated axes: {axis!r}")
+    return tuple(sorted(out))
+
+
+def _apply(x, axis, log, api):
+    x = _input(x, api)
+    axes = _axes(axis, x.ndim, api)
+    if axes == (x.ndim - 1,):
+        return softmax_fwd_p.bind(x, log=log)
+    # Reduced axes last, merged into one (a reshape of the moved array).
+    last = tuple(range(x.ndim - len(axes), x.ndim))
+    moved = jnp.moveaxis(x, axes, last)
+    rows_shape = moved.shape[:x.ndim - len(axes)]
+    y = softmax_fwd_p.bind(moved.reshape(*rows_shape, int(np.prod(moved.shape[len(rows_shape):]))),
+                           log=log)
+    return jnp.moveaxis(y.reshape(moved.shape), last, axes)
+
+
+def softmax(x, axis=-1):
+    """exp(x) / sum(exp(x)) along `axis` (an int, a sequence of ints, or None for all axes),
+    computed stably; a row holding +inf or NaN, or only -inf, gives NaN (as ``jax.nn``)."""
+    return _apply(x, axis, False, "softmax")
+
+
+def log_softmax(x, axis=-1):
+    """x - log(sum(exp(x))) along `axis`, computed stably (``x - max - log(sum(exp(x - max)))``).
+    """
+    return _apply(x, axis, True, "log_softmax")

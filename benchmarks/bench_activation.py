@@ -1,0 +1,98 @@
+"""Activations: jaxdnn vs jax.nn on the default jax device (CPU or GPU), in one process.
+
+    python benchmarks/bench_activation.py [--shape 32768 4096] [--ops relu gelu] [--repeats 20]
+
+Both directions, float32 and bfloat16. GB/s are of minimal traffic: forward reads x and writes
+y (2N elements); backward reads x and dy and writes dx (3N). The backward is
+``jit(lambda x, dy: vjp(f, x)[1](dy))`` for both sides: XLA fuses jax.nn's into one pass from x,
+and for jaxdnn the unused forward is dead code, so it is our backward kernel alone.
+Default shape: 32768x4096 on a GPU (the issue's), 1024x4096 on a CPU (16 MiB of float32, past
+the caches of a small machine once rotated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jaxdnn  # noqa: E402
+from benchmarks.common import (geomean, rotating_inputs, rotation_for, time_op,  # noqa: E402
+                               write_results)
+
+OPS = {
+    "relu": (jaxdnn.relu, jax.nn.relu),
+    "relu6": (jaxdnn.relu6, jax.nn.relu6),
+    "leaky_relu": (jaxdnn.leaky_relu, jax.nn.leaky_relu),
+    "elu": (jaxdnn.elu, jax.nn.elu),
+    "sigmoid": (jaxdnn.sigmoid, jax.nn.sigmoid),
+    "tanh": (jaxdnn.tanh, jnp.tanh),
+    "gelu": (jaxdnn.gelu, jax.nn.gelu),
+    "gelu_exact": (functools.partial(jaxdnn.gelu, approximate=False),
+                   functools.partial(jax.nn.gelu, approximate=False)),
+    "silu": (jaxdnn.silu, jax.nn.silu),
+    "softplus": (jaxdnn.softplus, jax.nn.softplus),
+}
+
+COLUMNS = ["op", "dtype", "direction", "shape", "jaxdnn_us", "xla_us", "jaxdnn_GBps", "xla_GBps",
+           "ratio"]
+
+
+def backward(f):
+    return lambda x, dy: jax.vjp(f, x)[1](dy)[0]
+
+
+def run(shape, ops, dtypes, repeats):
+    rows = []
+    device = jax.devices()[0]
+    for dtype in dtypes:
+        itemsize = np.dtype(dtype).itemsize
+        n = int(np.prod(shape))
+        rotate = rotation_for(3 * n * itemsize)
+        inputs = rotating_inputs(
+            lambda rng: (np.asarray(rng.standard_normal(shape) * 2, dtype),
+                         np.asarray(rng.standard_normal(shape), dtype)), rotate, device=device)
+        fwd_inputs = [(x,) for x, _ in inputs]
+        for name in ops:
+            ours, ref = OPS[name]
+            for direction, elems, args, wrap in (("fwd", 2 * n, fwd_inputs, lambda f: f),
+                                                  ("bwd", 3 * n, inputs, backward)):
+                t_ours = time_op(wrap(ours), args, repeats=repeats)
+                t_ref = time_op(wrap(ref), args, repeats=repeats)
+                gbytes = elems * itemsize / 1e9
+                rows.append(dict(op=name, dtype=np.dtype(dtype).name, direction=direction,
+                                 shape="x".join(map(str, shape)), jaxdnn_us=t_ours * 1e6,
+                                 xla_us=t_ref * 1e6, jaxdnn_GBps=gbytes / t_ours,
+                                 xla_GBps=gbytes / t_ref, ratio=t_ref / t_ours))
+                print(rows[-1], flush=True)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", type=int, nargs="+", default=None)
+    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--note", default="", help="appended to the notes of the results table")
+    args = parser.parse_args()
+    on_gpu = jax.devices()[0].platform == "gpu"
+    shape = tuple(args.shape) if args.shape else ((32768, 4096) if on_gpu else (1024, 4096))
+    dtypes = [jnp.dtype(d) for d in args.dtypes]
+    rows = run(shape, args.ops, dtypes, args.repeats)
+    notes = ("GB/s of minimal traffic: fwd 2N elements (read x, write y), bwd 3N (read x and dy, "
+             "write dx). ratio = xla_us / jaxdnn_us (> 1: jaxdnn faster). bwd = "
+             "jit(vjp(f, x)(dy)) for both. Geomean ratio: "
+             f"{geomean([r['ratio'] for r in rows]):.3f}. {args.note}".strip())
+    write_results("activation", rows, COLUMNS, notes=notes)
+
+
+if __name__ == "__main__":
+    main()
