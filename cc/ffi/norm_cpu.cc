@@ -1,0 +1,78 @@
+// XLA:CPU handlers of the norm targets (cc/ffi/norm_common.h lists them): decode, poison the
+// results, run the kernels on the intra-op thread pool.
+
+#include "cc/ffi/cpu_parallel.h"
+#include "cc/ffi/handlers.h"
+#include "cc/ffi/norm_common.h"
+#include "cc/norm/cpu_norm.h"
+
+namespace jaxdnn::ffi_util {
+namespace {
+
+using Ret = ffi::Result<ffi::AnyBuffer>;
+
+ffi::Error NormFwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                      ffi::AnyBuffer bias, Ret y, Ret mean, Ret var, Ret ws, float eps,
+                      bool centered) {
+  norm::Problem p;
+  norm::FwdBuffers b;
+  if (ffi::Error e = prepare_norm_fwd(x, scale, bias, *y, *mean, *var, *ws, eps, centered, &p, &b);
+      e.failure())
+    return e;
+  for (Ret* r : {&y, &mean, &var, &ws}) poison_host(**r);
+  return to_error(norm::cpu_forward(p, b, FfiParallel(pool)));
+}
+
+ffi::Error NormInferCpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                        ffi::AnyBuffer bias, ffi::AnyBuffer mean, ffi::AnyBuffer var, Ret y,
+                        float eps) {
+  norm::Problem p;
+  norm::FwdBuffers b;
+  if (ffi::Error e = prepare_norm_infer(x, scale, bias, mean, var, *y, eps, &p, &b); e.failure())
+    return e;
+  poison_host(*y);
+  return to_error(norm::cpu_inference(p, b, FfiParallel(pool)));
+}
+
+ffi::Error NormBwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer dmean,
+                      ffi::AnyBuffer dvar, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                      ffi::AnyBuffer mean, ffi::AnyBuffer var, Ret dx, Ret dscale, Ret dbias,
+                      Ret ws, float eps, bool centered) {
+  norm::Problem p;
+  norm::BwdBuffers b;
+  if (ffi::Error e = prepare_norm_bwd(dy, dmean, dvar, x, scale, mean, var, *dx, *dscale, *dbias,
+                                      *ws, eps, centered, &p, &b);
+      e.failure())
+    return e;
+  for (Ret* r : {&dx, &dscale, &dbias, &ws}) poison_host(**r);
+  return to_error(norm::cpu_backward(p, b, FfiParallel(pool)));
+}
+
+ffi::Error NormInferBwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer x,
+                           ffi::AnyBuffer scale, ffi::AnyBuffer mean, ffi::AnyBuffer var,
+                           Ret dx, Ret dscale, Ret dbias, Ret dmean, Ret dvar, Ret ws, float eps) {
+  norm::Problem p;
+  norm::BwdBuffers b;
+  if (ffi::Error e = prepare_norm_infer_bwd(dy, x, scale, mean, var, *dx, *dscale, *dbias, *dmean,
+                                            *dvar, *ws, eps, &p, &b);
+      e.failure())
+    return e;
+  for (Ret* r : {&dx, &dscale, &dbias, &dmean, &dvar, &ws}) poison_host(**r);
+  return to_error(norm::cpu_backward(p, b, FfiParallel(pool)));
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER(kNormFwdCpu, NormFwdCpu, bind_norm_fwd(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER(kNormInferCpu, NormInferCpu,
+                       bind_norm_infer(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER(kNormBwdCpu, NormBwdCpu, bind_norm_bwd(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER(kNormInferBwdCpu, NormInferBwdCpu,
+                       bind_norm_infer_bwd(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_fwd", kNormFwdCpu);
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_infer", kNormInferCpu);
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_bwd", kNormBwdCpu);
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_infer_bwd", kNormInferBwdCpu);
+
+}  // namespace jaxdnn::ffi_util
