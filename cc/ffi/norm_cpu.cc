@@ -12,11 +12,11 @@ namespace {
 using Ret = ffi::Result<ffi::AnyBuffer>;
 
 ffi::Error NormFwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer scale,
-                      ffi::AnyBuffer bias, Ret y, Ret mean, Ret var, Ret ws, float eps,
-                      bool centered) {
+                      ffi::AnyBuffer bias, Ret y, Ret mean, Ret var, Ret ws, I64Span shape,
+                      float eps, bool centered) {
   norm::Problem p;
   norm::FwdBuffers b;
-  if (ffi::Error e = prepare_norm_fwd(x, scale, bias, *y, *mean, *var, *ws, eps, centered, &p, &b);
+  if (ffi::Error e = prepare_norm_fwd(x, scale, bias, *y, *mean, *var, *ws, shape, eps, centered, &p, &b);
       e.failure())
     return e;
   for (Ret* r : {&y, &mean, &var, &ws}) poison_host(**r);
@@ -25,10 +25,10 @@ ffi::Error NormFwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer sca
 
 ffi::Error NormInferCpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer scale,
                         ffi::AnyBuffer bias, ffi::AnyBuffer mean, ffi::AnyBuffer var, Ret y,
-                        float eps) {
+                        I64Span shape, float eps) {
   norm::Problem p;
   norm::FwdBuffers b;
-  if (ffi::Error e = prepare_norm_infer(x, scale, bias, mean, var, *y, eps, &p, &b); e.failure())
+  if (ffi::Error e = prepare_norm_infer(x, scale, bias, mean, var, *y, shape, eps, &p, &b); e.failure())
     return e;
   poison_host(*y);
   return to_error(norm::cpu_inference(p, b, FfiParallel(pool)));
@@ -37,11 +37,11 @@ ffi::Error NormInferCpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer s
 ffi::Error NormBwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer dmean,
                       ffi::AnyBuffer dvar, ffi::AnyBuffer x, ffi::AnyBuffer scale,
                       ffi::AnyBuffer mean, ffi::AnyBuffer var, Ret dx, Ret dscale, Ret dbias,
-                      Ret ws, float eps, bool centered) {
+                      Ret ws, I64Span shape, float eps, bool centered) {
   norm::Problem p;
   norm::BwdBuffers b;
   if (ffi::Error e = prepare_norm_bwd(dy, dmean, dvar, x, scale, mean, var, *dx, *dscale, *dbias,
-                                      *ws, eps, centered, &p, &b);
+                                      *ws, shape, eps, centered, &p, &b);
       e.failure())
     return e;
   for (Ret* r : {&dx, &dscale, &dbias, &ws}) poison_host(**r);
@@ -50,11 +50,12 @@ ffi::Error NormBwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer dm
 
 ffi::Error NormInferBwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer x,
                            ffi::AnyBuffer scale, ffi::AnyBuffer mean, ffi::AnyBuffer var,
-                           Ret dx, Ret dscale, Ret dbias, Ret dmean, Ret dvar, Ret ws, float eps) {
+                           Ret dx, Ret dscale, Ret dbias, Ret dmean, Ret dvar, Ret ws,
+                           I64Span shape, float eps) {
   norm::Problem p;
   norm::BwdBuffers b;
   if (ffi::Error e = prepare_norm_infer_bwd(dy, x, scale, mean, var, *dx, *dscale, *dbias, *dmean,
-                                            *dvar, *ws, eps, &p, &b);
+                                            *dvar, *ws, shape, eps, &p, &b);
       e.failure())
     return e;
   for (Ret* r : {&dx, &dscale, &dbias, &dmean, &dvar, &ws}) poison_host(**r);

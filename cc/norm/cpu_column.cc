@@ -45,24 +45,24 @@ using column::Tiling;
 template <typename T>
 JAXDNN_ALWAYS_INLINE void column_stats_tile(const FwdView<T>& v, const Tile& t, int64_t nslices) {
   const Shape& s = v.s;
-  const int64_t CK = s.CK(), w = t.j1 - t.j0, at = (t.p * nslices + t.s) * CK + t.j0;
-  S<T>* mean = v.ws0 + at;
-  S<T>* m2 = v.ws1 + at;
+  const int64_t CK = s.CK(), w = t.j1 - t.j0, off = (t.p * nslices + t.s) * CK + t.j0;
+  S<T>* mean = v.ws0 + off;
+  S<T>* m2 = v.ws1 + off;
   for (int64_t j = 0; j < w; ++j) mean[j] = m2[j] = 0;
   for (int64_t a = t.a0; a < t.a1; ++a) {
     const T* x = v.x + (t.p * s.A + a) * CK + t.j0;
     if (v.centered) {
       const S<T> inv = S<T>(1) / S<T>(a - t.a0 + 1);
-      for (int64_t j = 0; j < w; ++j) {
-        const S<T> xv = load_acc(x[j]), d = xv - mean[j];
-        mean[j] += d * inv;
-        m2[j] += d * (xv - mean[j]);
-      }
+      for_lanes<T>(w, [&](int64_t j, auto tag) {  // Welford's update, one lane per column
+        const auto xv = at(x, j, tag), d = xv - at(mean, j, tag), mu = at(mean, j, tag) + d * inv;
+        put(mean, j, mu, tag);
+        put(m2, j, at(m2, j, tag) + d * (xv - mu), tag);
+      });
     } else {
-      for (int64_t j = 0; j < w; ++j) {
-        const S<T> xv = load_acc(x[j]);
-        m2[j] += xv * xv;
-      }
+      for_lanes<T>(w, [&](int64_t j, auto tag) {
+        const auto xv = at(x, j, tag);
+        put(m2, j, at(m2, j, tag) + xv * xv, tag);
+      });
     }
   }
 }
@@ -90,7 +90,9 @@ JAXDNN_ALWAYS_INLINE void column_apply_tile(const FwdView<T>& v, const Tile& t, 
     const int64_t row = (t.p * s.A + a) * CK + t.j0;
     const T* x = v.x + row;
     T* y = v.y + row;
-    for (int64_t j = 0; j < w; ++j) y[j] = to_storage<T>((load_acc(x[j]) - mu[j]) * gg[j] + bb[j]);
+    for_lanes<T>(w, [&](int64_t j, auto tag) {
+      put(y, j, (at(x, j, tag) - at(mu, j, tag)) * at(gg, j, tag) + at(bb, j, tag), tag);
+    });
   }
 }
 
@@ -98,22 +100,22 @@ template <typename T>
 JAXDNN_ALWAYS_INLINE void column_grads_tile(const BwdView<T>& v, const Tile& t, int64_t nslices,
                                             S<T>* buf) {
   const Shape& s = v.s;
-  const int64_t CK = s.CK(), w = t.j1 - t.j0, at = (t.p * nslices + t.s) * CK + t.j0;
+  const int64_t CK = s.CK(), w = t.j1 - t.j0, off = (t.p * nslices + t.s) * CK + t.j0;
   S<T>* mu = buf;
   S<T>* rs = buf + w;
   column_stats_of<T>(v, t, mu, rs);
-  S<T>* sdyx = v.ws0 + at;
-  S<T>* sdy = v.ws1 + at;
+  S<T>* sdyx = v.ws0 + off;
+  S<T>* sdy = v.ws1 + off;
   for (int64_t j = 0; j < w; ++j) sdyx[j] = sdy[j] = 0;
   for (int64_t a = t.a0; a < t.a1; ++a) {
     const int64_t row = (t.p * s.A + a) * CK + t.j0;
     const T* x = v.x + row;
     const T* dy = v.dy + row;
-    for (int64_t j = 0; j < w; ++j) {
-      const S<T> d = load_acc(dy[j]);
-      sdyx[j] += d * (load_acc(x[j]) - mu[j]);
-      sdy[j] += d;
-    }
+    for_lanes<T>(w, [&](int64_t j, auto tag) {
+      const auto d = at(dy, j, tag);
+      put(sdyx, j, at(sdyx, j, tag) + d * (at(x, j, tag) - at(mu, j, tag)), tag);
+      put(sdy, j, at(sdy, j, tag) + d, tag);
+    });
   }
   for (int64_t j = 0; j < w; ++j) sdyx[j] *= rs[j];
 }
@@ -138,8 +140,12 @@ JAXDNN_ALWAYS_INLINE void column_dx_tile(const BwdView<T>& v, const Tile& t, S<T
     const T* x = v.x + row;
     const T* dy = v.dy + row;
     T* dx = v.dx + row;
-    for (int64_t j = 0; j < w; ++j)
-      dx[j] = to_storage<T>(gr[j] * load_acc(dy[j]) + (load_acc(x[j]) - mu[j]) * c1[j] + c2[j]);
+    for_lanes<T>(w, [&](int64_t j, auto tag) {
+      put(dx, j,
+          at(gr, j, tag) * at(dy, j, tag) + (at(x, j, tag) - at(mu, j, tag)) * at(c1, j, tag) +
+              at(c2, j, tag),
+          tag);
+    });
   }
 }
 

@@ -2,9 +2,9 @@
 // shares, and the per-path entry points (cpu_row.cc, cpu_column.cc, cpu_segment.cc), driven by
 // cpu_norm.cc.
 //
-// Vectorisation: inner loops are plain loops over independent lanes (no floating-point
-// reassociation needed), inlined into per-task functions that are compiled for AVX-512, AVX2
-// and baseline x86-64 (JAXDNN_CPU_CLONES) and picked at load time.
+// Vectorisation: elementwise loops are plain loops, reductions use 64-byte vector-extension
+// accumulators; both are inlined into per-task functions compiled for AVX-512, AVX2 and
+// baseline x86-64 (JAXDNN_CPU_CLONES) and picked at load time.
 // Stability: statistics of contiguous data are computed block by block (1024 values, an L1
 // hit for the second look) with an exact two-pass mean / sum of squared deviations per block,
 // and blocks, slices and columns are combined with Chan's parallel update in double. Column
@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -21,15 +22,28 @@
 #include "cc/norm/norm.h"
 
 #define JAXDNN_ALWAYS_INLINE inline __attribute__((always_inline))
+
+// The vector helpers pass 64-byte vectors by value. They are always inlined into code of one
+// ISA, so no calling convention applies; silence GCC's note about the baseline ABI.
+#pragma GCC diagnostic ignored "-Wpsabi"
 #define JAXDNN_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 namespace jaxdnn::norm::cpu {
 
 template <typename T> using S = acc_t<T>;  // statistics / affine type: float, or double
 
+// Rounds to the storage type. bfloat16 is written branch-free (round to nearest even, NaN kept
+// quiet) so that output loops vectorise; float16 uses the shared scalar conversion.
 template <typename T> JAXDNN_ALWAYS_INLINE T to_storage(S<T> v) {
-  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) return v;
-  else return store_as_f<T>(v);
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const uint32_t u = float_to_bits(v);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+    return bf16_t{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded)};
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return store_as_f<T>(v);
+  } else {
+    return v;
+  }
 }
 
 template <typename T> JAXDNN_ALWAYS_INLINE S<T> rstd_of(S<T> var, S<T> eps) {
@@ -77,8 +91,7 @@ struct BwdView {
 
 // ---- Shared numerics ------------------------------------------------------------------------
 
-constexpr int kLanes = 16;
-constexpr int64_t kBlock = 1024;  // values per exact two-pass block (multiple of kLanes)
+constexpr int64_t kBlock = 1024;  // values per exact two-pass block
 
 struct Moments {
   double n = 0, mean = 0, m2 = 0;  // count, mean, sum of squared deviations
@@ -93,15 +106,108 @@ struct Moments {
   }
 };
 
-// Sum of x[0..n) in the accumulator type, kLanes independent lanes.
+// Reductions run on GCC vector-extension registers of 64 bytes (16 floats or 8 doubles): one
+// zmm under AVX-512, two ymm under AVX2, four xmm otherwise, with no reassociation of the
+// per-lane sums (plain reduction loops would not vectorise without -ffast-math).
+using VecF = float __attribute__((vector_size(64)));
+using VecD = double __attribute__((vector_size(64)));
+template <typename T> struct Lanes {
+  using type = std::conditional_t<std::is_same_v<T, double>, VecD, VecF>;
+  static constexpr int kN = int(64 / sizeof(S<T>));
+};
+template <typename T> using V = typename Lanes<T>::type;
+
+// Lanes<T>::kN consecutive values as accumulators.
+JAXDNN_ALWAYS_INLINE V<float> vload(const float* p) {
+  V<float> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+JAXDNN_ALWAYS_INLINE V<double> vload(const double* p) {
+  V<double> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+JAXDNN_ALWAYS_INLINE V<bf16_t> vload(const bf16_t* p) {
+  using u16 = uint16_t __attribute__((vector_size(32)));
+  using u32 = uint32_t __attribute__((vector_size(64)));
+  u16 h;
+  std::memcpy(&h, p, sizeof h);
+  const u32 w = __builtin_convertvector(h, u32) << 16;  // bfloat16 is the top half of a float
+  V<bf16_t> v;
+  std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+JAXDNN_ALWAYS_INLINE V<f16_t> vload(const f16_t* p) {
+  V<f16_t> v;
+  for (int i = 0; i < Lanes<f16_t>::kN; ++i) v[i] = to_float(p[i]);
+  return v;
+}
+
+// Stores Lanes<T>::kN accumulators rounded to the storage type (see to_storage).
+JAXDNN_ALWAYS_INLINE void vstore(float* p, V<float> v) { std::memcpy(p, &v, sizeof v); }
+JAXDNN_ALWAYS_INLINE void vstore(double* p, V<double> v) { std::memcpy(p, &v, sizeof v); }
+JAXDNN_ALWAYS_INLINE void vstore(bf16_t* p, V<bf16_t> v) {
+  using u16 = uint16_t __attribute__((vector_size(32)));
+  using u32 = uint32_t __attribute__((vector_size(64)));
+  u32 u;
+  std::memcpy(&u, &v, sizeof u);
+  const u32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+  const u32 r = (u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
+  const u16 h = __builtin_convertvector(r, u16);
+  std::memcpy(p, &h, sizeof h);
+}
+JAXDNN_ALWAYS_INLINE void vstore(f16_t* p, V<f16_t> v) {
+  for (int i = 0; i < Lanes<f16_t>::kN; ++i) p[i] = store_as_f<f16_t>(v[i]);
+}
+
+// Elementwise loops: for_lanes(n, f) calls f(i, VecTag{}) on whole vectors, then
+// f(i, OneTag{}) on the tail; at()/put() load and store a vector or one value per tag, so one
+// generic lambda body serves both.
+struct VecTag {};
+struct OneTag {};
+template <typename T> JAXDNN_ALWAYS_INLINE V<T> at(const T* p, int64_t i, VecTag) {
+  return vload(p + i);
+}
+template <typename T> JAXDNN_ALWAYS_INLINE S<T> at(const T* p, int64_t i, OneTag) {
+  return load_acc(p[i]);
+}
+template <typename T> JAXDNN_ALWAYS_INLINE void put(T* p, int64_t i, V<T> v, VecTag) {
+  vstore(p + i, v);
+}
+template <typename T> JAXDNN_ALWAYS_INLINE void put(T* p, int64_t i, S<T> v, OneTag) {
+  p[i] = to_storage<T>(v);
+}
+template <typename T, typename F>
+JAXDNN_ALWAYS_INLINE void for_lanes(int64_t n, F f) {
+  constexpr int N = Lanes<T>::kN;
+  int64_t i = 0;
+  for (; i + N <= n; i += N) f(i, VecTag{});
+  for (; i < n; ++i) f(i, OneTag{});
+}
+
+template <typename T>
+JAXDNN_ALWAYS_INLINE S<T> hsum(V<T> v) {
+  S<T> s = 0;
+  for (int i = 0; i < Lanes<T>::kN; ++i) s += v[i];
+  return s;
+}
+
+// Each reduction keeps two independent accumulators (two add chains hide the latency) and
+// combines them, and the scalar tail, in a fixed order.
+
+// Sum of x[0..n) in the accumulator type.
 template <typename T>
 JAXDNN_ALWAYS_INLINE S<T> lane_sum(const T* x, int64_t n) {
-  S<T> acc[kLanes] = {};
+  constexpr int N = Lanes<T>::kN;
+  V<T> a = {}, b = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += load_acc(x[i + l]);
-  S<T> s = 0;
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  for (; i + 2 * N <= n; i += 2 * N) {
+    a += vload(x + i);
+    b += vload(x + i + N);
+  }
+  for (; i + N <= n; i += N) a += vload(x + i);
+  S<T> s = hsum<T>(a + b);
   for (; i < n; ++i) s += load_acc(x[i]);
   return s;
 }
@@ -109,20 +215,60 @@ JAXDNN_ALWAYS_INLINE S<T> lane_sum(const T* x, int64_t n) {
 // Sum of (x - m)^2 over x[0..n).
 template <typename T>
 JAXDNN_ALWAYS_INLINE S<T> lane_sum_sq_dev(const T* x, int64_t n, S<T> m) {
-  S<T> acc[kLanes] = {};
+  constexpr int N = Lanes<T>::kN;
+  V<T> a = {}, b = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const S<T> d = load_acc(x[i + l]) - m;
-      acc[l] += d * d;
-    }
-  S<T> s = 0;
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const V<T> d = vload(x + i) - m, e = vload(x + i + N) - m;
+    a += d * d;
+    b += e * e;
+  }
+  for (; i + N <= n; i += N) {
+    const V<T> d = vload(x + i) - m;
+    a += d * d;
+  }
+  S<T> s = hsum<T>(a + b);
   for (; i < n; ++i) {
     const S<T> d = load_acc(x[i]) - m;
     s += d * d;
   }
   return s;
+}
+
+// Backward sums over n values: *s1 = sum g*dy, *s2 = sum g*dy*(x - m), with per-value
+// weights g (kWeighted) or g = 1.
+template <bool kWeighted, typename T>
+JAXDNN_ALWAYS_INLINE void lane_grad_sums(const T* x, const T* dy, const S<T>* g, int64_t n,
+                                         S<T> m, S<T>* s1, S<T>* s2) {
+  constexpr int N = Lanes<T>::kN;
+  V<T> a1 = {}, a2 = {}, b1 = {}, b2 = {};
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    V<T> d = vload(dy + i), e = vload(dy + i + N);
+    if constexpr (kWeighted) {
+      d *= vload(g + i);
+      e *= vload(g + i + N);
+    }
+    a1 += d;
+    b1 += e;
+    a2 += d * (vload(x + i) - m);
+    b2 += e * (vload(x + i + N) - m);
+  }
+  for (; i + N <= n; i += N) {
+    V<T> d = vload(dy + i);
+    if constexpr (kWeighted) d *= vload(g + i);
+    a1 += d;
+    a2 += d * (vload(x + i) - m);
+  }
+  S<T> r1 = hsum<T>(a1 + b1), r2 = hsum<T>(a2 + b2);
+  for (; i < n; ++i) {
+    S<T> d = load_acc(dy[i]);
+    if constexpr (kWeighted) d *= g[i];
+    r1 += d;
+    r2 += d * (load_acc(x[i]) - m);
+  }
+  *s1 = r1;
+  *s2 = r2;
 }
 
 // Moments of n contiguous values: exact two passes per L1-resident block, blocks merged with

@@ -30,8 +30,8 @@ void merge_stats(const FwdView<T>& v, const Parallel& par) {
       for (int64_t sl = 0; sl < nsl; ++sl) {
         const double n = double(std::min(rps, s.A - sl * rps) * s.T);
         for (int64_t k = 0; k < s.K; ++k) {
-          const int64_t at = (p * nsl + sl) * CK + c * s.K + k;
-          m.merge(n, double(v.ws0[at]), double(v.ws1[at]));
+          const int64_t off = (p * nsl + sl) * CK + c * s.K + k;
+          m.merge(n, double(v.ws0[off]), double(v.ws1[off]));
         }
       }
       finish_stats<T>(m, v.mean + g, v.var + g);
@@ -51,9 +51,9 @@ void merge_grads(const BwdView<T>& v, const Parallel& par) {
       double sg = 0, sgx = 0;
       for (int64_t sl = 0; sl < nsl; ++sl)
         for (int64_t k = 0; k < s.K; ++k) {
-          const int64_t at = (p * nsl + sl) * CK + c * s.K + k;
-          sg += double(scale[k]) * double(v.ws1[at]);
-          sgx += double(scale[k]) * double(v.ws0[at]);
+          const int64_t off = (p * nsl + sl) * CK + c * s.K + k;
+          sg += double(scale[k]) * double(v.ws1[off]);
+          sgx += double(scale[k]) * double(v.ws0[off]);
         }
       group_coefficients(v, g, n, sg, sgx, v.coef + 2 * g, v.coef + 2 * g + 1);
     }
@@ -69,10 +69,10 @@ void reduce_params(const BwdView<T>& v, int64_t R, const Parallel& par) {
     const int64_t q = task / chunks, j0 = task % chunks * kCols, w = std::min(kCols, CK - j0);
     double a0[kCols] = {}, a1[kCols] = {};
     for (int64_t r = 0; r < R; ++r) {
-      const int64_t at = (q * R + r) * CK + j0;
+      const int64_t off = (q * R + r) * CK + j0;
       for (int64_t j = 0; j < w; ++j) {
-        a0[j] += double(v.ws0[at + j]);
-        a1[j] += double(v.ws1[at + j]);
+        a0[j] += double(v.ws0[off + j]);
+        a1[j] += double(v.ws1[off + j]);
       }
     }
     for (int64_t j = 0; j < w; ++j) {

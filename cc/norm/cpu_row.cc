@@ -14,6 +14,16 @@
 
 namespace jaxdnn::norm::cpu {
 
+// y = (x - m)*rs*g + b over one row.
+template <typename T>
+JAXDNN_ALWAYS_INLINE void row_apply(const T* __restrict__ x, T* __restrict__ y,
+                                    const S<T>* __restrict__ g, const S<T>* __restrict__ b,
+                                    int64_t K, S<T> m, S<T> rs) {
+  for_lanes<T>(K, [&](int64_t k, auto tag) {
+    put(y, k, (at(x, k, tag) - m) * rs * at(g, k, tag) + at(b, k, tag), tag);
+  });
+}
+
 template <typename T>
 JAXDNN_ALWAYS_INLINE void row_forward_rows(const FwdView<T>& v, bool training, int64_t r0,
                                            int64_t r1) {
@@ -25,10 +35,23 @@ JAXDNN_ALWAYS_INLINE void row_forward_rows(const FwdView<T>& v, bool training, i
     if (training) finish_stats<T>(contiguous_moments(x, K, v.centered), v.mean + r, v.var + r);
     const S<T> m = v.mean[r], rs = rstd_of<T>(v.var[r], v.eps);
     const int64_t p = r / s.C, c = r % s.C, affine = (p / s.Pq() * s.C + c) * K;
-    const S<T>* g = v.scale + affine;
-    const S<T>* b = v.bias + affine;
-    for (int64_t k = 0; k < K; ++k) y[k] = to_storage<T>((load_acc(x[k]) - m) * rs * g[k] + b[k]);
+    row_apply(x, y, v.scale + affine, v.bias + affine, K, m, rs);
   }
+}
+
+// dx of one row and its d(scale), d(bias) contributions (restrict: the pointers never alias,
+// which lets the loop vectorise).
+template <typename T>
+JAXDNN_ALWAYS_INLINE void row_dx(const T* __restrict__ x, const T* __restrict__ dy,
+                                 const S<T>* __restrict__ g, T* __restrict__ dx,
+                                 S<T>* __restrict__ dg, S<T>* __restrict__ db, int64_t K, S<T> m,
+                                 S<T> rs, S<T> c1, S<T> c2) {
+  for_lanes<T>(K, [&](int64_t k, auto tag) {
+    const auto xc = at(x, k, tag) - m, d = at(dy, k, tag);
+    put(dx, k, at(g, k, tag) * rs * d + xc * c1 + c2, tag);
+    put(dg, k, at(dg, k, tag) + d * xc * rs, tag);
+    put(db, k, at(db, k, tag) + d, tag);
+  });
 }
 
 // One backward task: rows [lo, hi) of affine row q, group column c; dg/db (K each) receive
@@ -46,34 +69,11 @@ JAXDNN_ALWAYS_INLINE void row_backward_slice(const BwdView<T>& v, int64_t q, int
     const T* dy = v.dy + r * K;
     T* dx = v.dx + r * K;
     const S<T> m = v.mean[r], rs = rstd_of<T>(v.var[r], v.eps);
-    // Pass 1: sum(g*dy) and sum(g*dy*(x - mean)), kLanes lanes.
-    S<T> a1[kLanes] = {}, a2[kLanes] = {};
-    int64_t k = 0;
-    for (; k + kLanes <= K; k += kLanes)
-      for (int l = 0; l < kLanes; ++l) {
-        const S<T> gd = g[k + l] * load_acc(dy[k + l]);
-        a1[l] += gd;
-        a2[l] += gd * (load_acc(x[k + l]) - m);
-      }
-    S<T> sg = 0, sgxc = 0;
-    for (int l = 0; l < kLanes; ++l) {
-      sg += a1[l];
-      sgxc += a2[l];
-    }
-    for (; k < K; ++k) {
-      const S<T> gd = g[k] * load_acc(dy[k]);
-      sg += gd;
-      sgxc += gd * (load_acc(x[k]) - m);
-    }
+    S<T> sg, sgxc;  // pass 1: sum(g*dy), sum(g*dy*(x - mean))
+    lane_grad_sums<true>(x, dy, g, K, m, &sg, &sgxc);
     S<T> c1, c2;
     group_coefficients(v, r, double(K), double(sg), double(sgxc) * double(rs), &c1, &c2);
-    // Pass 2 (from cache): dx, and this row's share of d(scale), d(bias).
-    for (k = 0; k < K; ++k) {
-      const S<T> xc = load_acc(x[k]) - m, d = load_acc(dy[k]);
-      dx[k] = to_storage<T>(g[k] * rs * d + xc * c1 + c2);
-      dg[k] += d * xc * rs;
-      db[k] += d;
-    }
+    row_dx(x, dy, g, dx, dg, db, K, m, rs, c1, c2);  // pass 2, from cache
   }
 }
 

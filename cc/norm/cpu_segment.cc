@@ -46,7 +46,7 @@ JAXDNN_ALWAYS_INLINE void segment_apply_range(const FwdView<T>& v, int64_t r0, i
     const S<T> g = rstd_of<T>(v.var[sg.group], v.eps) * v.scale[sg.affine], b = v.bias[sg.affine];
     const T* x = v.x + r * T_;
     T* y = v.y + r * T_;
-    for (int64_t t = 0; t < T_; ++t) y[t] = to_storage<T>((load_acc(x[t]) - mu) * g + b);
+    for_lanes<T>(T_, [&](int64_t t, auto tag) { put(y, t, (at(x, t, tag) - mu) * g + b, tag); });
   }
 }
 
@@ -58,24 +58,8 @@ JAXDNN_ALWAYS_INLINE void segment_grads_range(const BwdView<T>& v, int64_t r0, i
     const S<T> mu = v.mean[sg.group];
     const T* x = v.x + r * T_;
     const T* dy = v.dy + r * T_;
-    S<T> a1[kLanes] = {}, a2[kLanes] = {};
-    int64_t t = 0;
-    for (; t + kLanes <= T_; t += kLanes)
-      for (int l = 0; l < kLanes; ++l) {
-        const S<T> d = load_acc(dy[t + l]);
-        a1[l] += d;
-        a2[l] += d * (load_acc(x[t + l]) - mu);
-      }
-    S<T> sdy = 0, sdyxc = 0;
-    for (int l = 0; l < kLanes; ++l) {
-      sdy += a1[l];
-      sdyxc += a2[l];
-    }
-    for (; t < T_; ++t) {
-      const S<T> d = load_acc(dy[t]);
-      sdy += d;
-      sdyxc += d * (load_acc(x[t]) - mu);
-    }
+    S<T> sdy, sdyxc;
+    lane_grad_sums<false, T>(x, dy, nullptr, T_, mu, &sdy, &sdyxc);
     v.ws0[r] = sdyxc * rstd_of<T>(v.var[sg.group], v.eps);
     v.ws1[r] = sdy;
   }
@@ -91,8 +75,9 @@ JAXDNN_ALWAYS_INLINE void segment_dx_range(const BwdView<T>& v, int64_t r0, int6
     const T* x = v.x + r * T_;
     const T* dy = v.dy + r * T_;
     T* dx = v.dx + r * T_;
-    for (int64_t t = 0; t < T_; ++t)
-      dx[t] = to_storage<T>(gr * load_acc(dy[t]) + (load_acc(x[t]) - mu) * c1 + c2);
+    for_lanes<T>(T_, [&](int64_t t, auto tag) {
+      put(dx, t, gr * at(dy, t, tag) + (at(x, t, tag) - mu) * c1 + c2, tag);
+    });
   }
 }
 

@@ -1,6 +1,7 @@
 """Normalisation: batch, layer, RMS and group norm (instance norm is ``groups=C``).
 
-Every op is one canonical problem (``cc/norm/norm.h``), reached with free reshapes::
+Every op is one canonical problem (``cc/norm/norm.h``), reached with free reshapes (the
+primitives take every operand as a flat vector in this order)::
 
     x (P, A, C, K, T)     statistics per (p, c) over (a, k, t): mean, var (P, C)
     scale, bias (Q, C, K) element (p, a, c, k, t) uses affine row p // (P // Q)
@@ -124,69 +125,74 @@ class NormShape:
 # ----------------------------------------------------------------------------------------------
 
 def _stat_b(shape: NormShape, v):
-    """(P, C) -> (P, 1, C, 1, 1)."""
+    """(P*C,) -> (P, 1, C, 1, 1)."""
     return v.reshape(shape.P, 1, shape.C, 1, 1)
 
 
 def _affine_b(shape: NormShape, a):
-    """(Q, C, K) -> (P, 1, C, K, 1): row p uses affine row p // (P // Q)."""
+    """(Q*C*K,) -> (P, 1, C, K, 1): row p uses affine row p // (P // Q)."""
     q, pq = shape.Q, shape.P // shape.Q
     a = jnp.broadcast_to(a.reshape(q, 1, 1, shape.C, shape.K, 1), (q, pq, 1, shape.C, shape.K, 1))
     return a.reshape(shape.P, 1, shape.C, shape.K, 1)
 
 
 def _group_sum(v):
-    """(P, A, C, K, T) -> (P, C)."""
-    return v.sum(axis=(1, 3, 4))
+    """(P, A, C, K, T) -> (P*C,)."""
+    return v.sum(axis=(1, 3, 4)).reshape(-1)
 
 
 def _affine_sum(shape: NormShape, v):
-    """(P, A, C, K, T) -> (Q, C, K), summing the rows of each affine row."""
+    """(P, A, C, K, T) -> (Q*C*K,), summing the rows of each affine row."""
     v = v.reshape(shape.Q, shape.P // shape.Q, shape.A, shape.C, shape.K, shape.T)
-    return v.sum(axis=(1, 2, 5))
+    return v.sum(axis=(1, 2, 5)).reshape(-1)
+
+
+def _x5(shape: NormShape, v, dtype):
+    """A flat x-like operand as (P, A, C, K, T) in `dtype`."""
+    return v.reshape(shape.x_shape).astype(dtype)
 
 
 def _normalised(shape, x, mean, var, eps):
-    """(x - mean, rstd broadcast, xhat) in the statistics dtype."""
+    """(x - mean, rstd (P*C,), xhat), 5-D in the statistics dtype."""
     r = lax.rsqrt(var + jnp.asarray(eps, var.dtype))
-    xc = x.astype(var.dtype) - _stat_b(shape, mean)
+    xc = _x5(shape, x, var.dtype) - _stat_b(shape, mean)
     return xc, r, xc * _stat_b(shape, r)
 
 
 def _tangent_ref(tx, ts, tb, x, scale, mean, var, *, shape, eps, centered):
     xc, r, xhat = _normalised(shape, x, mean, var, eps)
-    tx = tx.astype(var.dtype)
+    tx = _x5(shape, tx, var.dtype)
     tmean = _group_sum(tx) / shape.n if centered else jnp.zeros_like(mean)
     tvar = 2 * _group_sum(xc * tx) / shape.n
     txhat = _stat_b(shape, r) * (tx - _stat_b(shape, tmean)) - 0.5 * xhat * _stat_b(shape, r * r * tvar)
     ty = _affine_b(shape, scale) * txhat + xhat * _affine_b(shape, ts) + _affine_b(shape, tb)
-    return [ty.astype(x.dtype), tmean, tvar]
+    return [ty.reshape(-1).astype(x.dtype), tmean, tvar]
 
 
 def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, *, shape, eps, centered):
     xc, r, xhat = _normalised(shape, x, mean, var, eps)
-    dy = dy.astype(var.dtype)
+    dy = _x5(shape, dy, var.dtype)
     g = dy * _affine_b(shape, scale)
     c1 = (2 * dvar - r * r * _group_sum(g * xhat)) / shape.n
     c2 = (dmean - r * _group_sum(g)) / shape.n if centered else jnp.zeros_like(mean)
     dx = g * _stat_b(shape, r) + xc * _stat_b(shape, c1) + _stat_b(shape, c2)
-    return [dx.astype(x.dtype), _affine_sum(shape, dy * xhat), _affine_sum(shape, dy)]
+    return [dx.reshape(-1).astype(x.dtype), _affine_sum(shape, dy * xhat), _affine_sum(shape, dy)]
 
 
 def _infer_tangent_ref(tx, ts, tb, tmean, tvar, x, scale, mean, var, *, shape, eps):
     _, r, xhat = _normalised(shape, x, mean, var, eps)
-    tx = tx.astype(var.dtype)
+    tx = _x5(shape, tx, var.dtype)
     txhat = (_stat_b(shape, r) * (tx - _stat_b(shape, tmean))
              - 0.5 * xhat * _stat_b(shape, r * r * tvar))
     ty = _affine_b(shape, scale) * txhat + xhat * _affine_b(shape, ts) + _affine_b(shape, tb)
-    return ty.astype(x.dtype)
+    return ty.reshape(-1).astype(x.dtype)
 
 
 def _infer_bwd_ref(dy, x, scale, mean, var, *, shape, eps):
     _, r, xhat = _normalised(shape, x, mean, var, eps)
-    dy = dy.astype(var.dtype)
+    dy = _x5(shape, dy, var.dtype)
     g = dy * _affine_b(shape, scale)
-    return [(g * _stat_b(shape, r)).astype(x.dtype), _affine_sum(shape, dy * xhat),
+    return [(g * _stat_b(shape, r)).reshape(-1).astype(x.dtype), _affine_sum(shape, dy * xhat),
             _affine_sum(shape, dy), -r * _group_sum(g), -0.5 * r * r * _group_sum(g * xhat)]
 
 
@@ -198,12 +204,15 @@ def _infer_bwd_ref(dy, x, scale, mean, var, *, shape, eps):
 X, S, AFF, WS = "x", "stats", "affine", "workspace"
 
 
-def _aval(kind, shape: NormShape, x_dtype, size=0):
-    sd = stat_dtype(x_dtype)
-    return {X: lambda: ShapedArray(shape.x_shape, x_dtype),
-            S: lambda: ShapedArray(shape.stats_shape, sd),
-            AFF: lambda: ShapedArray(shape.affine_shape, sd),
-            WS: lambda: ShapedArray((size,), sd)}[kind]()
+def _size(kind, shape: NormShape, ws=0) -> int:
+    return {X: math.prod(shape.x_shape), S: math.prod(shape.stats_shape),
+            AFF: math.prod(shape.affine_shape), WS: ws}[kind]
+
+
+def _aval(kind, shape: NormShape, x_dtype, ws=0):
+    """Operands are flat vectors (a reshape to 1-D is free for XLA, a reshape to the 5-D
+    canonical shape with its unit dims can cost a relayout copy)."""
+    return ShapedArray((_size(kind, shape, ws),), x_dtype if kind == X else stat_dtype(x_dtype))
 
 
 def _check(name, kinds, avals, shape: NormShape):
@@ -239,8 +248,9 @@ def _abstract_eval(name, *avals, shape, eps, centered=True):
 
 
 def _kernel_attrs(platform, ctx, *, shape, eps, centered=None):
-    del platform, ctx, shape
-    return dict(eps=eps) if centered is None else dict(eps=eps, centered=bool(centered))
+    del platform, ctx
+    attrs = dict(shape=[shape.P, shape.A, shape.C, shape.K, shape.T, shape.Q], eps=eps)
+    return attrs if centered is None else dict(attrs, centered=bool(centered))
 
 
 def _kernel_primitive(name):
@@ -359,15 +369,15 @@ ad.primitive_transposes[norm_infer_bwd_p] = _transposer("norm_infer_bwd", "norm_
 
 def _batch_rule(name):
     prim = _PRIMS[name]
-    kinds, outs, _, _ = _SPECS[name]
+    outs = _SPECS[name][1]
 
     def rule(args, dims, *, shape, **params):
+        # Flat operands: (V, size) -> (V*size,) puts index v at P (or Q) rows v*P.. (v+1)*P-1.
         v = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
         folded = []
-        for a, d, k in zip(args, dims, kinds):
-            base = {X: shape.x_shape, S: shape.stats_shape, AFF: shape.affine_shape}[k]
-            a = jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (v, *base))
-            folded.append(a.reshape(v * base[0], *base[1:]))
+        for a, d in zip(args, dims):
+            a = jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (v, *a.shape))
+            folded.append(a.reshape(-1))
         res = _as_list(prim.bind(*folded, shape=shape.batched(v), **params))
         out, out_dims = [], []
         for r, k in zip(res, outs):
@@ -375,7 +385,7 @@ def _batch_rule(name):
                 out.append(r)
                 out_dims.append(None)
             else:
-                out.append(r.reshape(v, r.shape[0] // v, *r.shape[1:]))
+                out.append(r.reshape(v, -1))
                 out_dims.append(0)
         return (out, out_dims) if prim.multiple_results else (out[0], out_dims[0])
 
@@ -446,9 +456,8 @@ def _axes(axis, ndim, api) -> tuple[int, ...]:
 # ----------------------------------------------------------------------------------------------
 
 def _train(x, scale, bias, shape: NormShape, eps, centered):
-    y, mean, var, _ = norm_fwd_p.bind(x.reshape(shape.x_shape), scale.reshape(shape.affine_shape),
-                                      bias.reshape(shape.affine_shape), shape=shape, eps=eps,
-                                      centered=centered)
+    y, mean, var, _ = norm_fwd_p.bind(x.reshape(-1), scale.reshape(-1), bias.reshape(-1),
+                                      shape=shape, eps=eps, centered=centered)
     return y.reshape(x.shape), mean, var
 
 
@@ -530,9 +539,7 @@ def batch_norm_inference(x, scale, bias, mean, var, *, axis: int = -1, eps: floa
     mean = _param(mean, "mean", (c,), sd, 0, api)
     var = _param(var, "var", (c,), sd, 0, api)
     shape = NormShape(P=1, A=math.prod(x.shape[:ax]), C=c, K=1, T=math.prod(x.shape[ax + 1:]))
-    y = norm_infer_p.bind(x.reshape(shape.x_shape), scale.reshape(shape.affine_shape),
-                          bias.reshape(shape.affine_shape), mean.reshape(shape.stats_shape),
-                          var.reshape(shape.stats_shape), shape=shape, eps=eps)
+    y = norm_infer_p.bind(x.reshape(-1), scale, bias, mean, var, shape=shape, eps=eps)
     return y.reshape(x.shape)
 
 
