@@ -47,8 +47,11 @@ struct NormCheck {
   ffi::Error affine(const ffi::AnyBuffer& b, const char* name) const {
     return expect(b, name, p.s.Q * p.s.CK(), stat_dtype());
   }
-  ffi::Error workspace(const ffi::AnyBuffer& b, int64_t elems) const {
-    return expect(b, "workspace", elems, stat_dtype());
+  ffi::Error workspace(const ffi::AnyBuffer& b, int64_t bytes) const {
+    if (b.dimensions().size() != 1 || b.dimensions()[0] != bytes ||
+        b.element_type() != ffi::DataType::U8)
+      return invalid(where + ": workspace must be " + std::to_string(bytes) + " bytes (uint8)");
+    return ffi::Error::Success();
   }
 };
 
@@ -85,7 +88,7 @@ inline ffi::Error prepare_norm_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer
   const NormCheck c{*p, "jaxdnn norm_fwd"};
   if (ffi::Error e = first_error({c.affine(scale, "scale"), c.affine(bias, "bias"),
                                   c.like_x(y, "y"), c.stats(mean, "mean"), c.stats(var, "var"),
-                                  c.workspace(ws, norm::fwd_workspace_elems(p->s))});
+                                  c.workspace(ws, norm::fwd_workspace_bytes(p->s))});
       e.failure())
     return e;
   *b = {x.untyped_data(), scale.untyped_data(), bias.untyped_data(), y.untyped_data(),
@@ -122,7 +125,7 @@ inline ffi::Error prepare_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffe
                                   c.stats(dvar, "dvar"), c.stats(mean, "mean"),
                                   c.stats(var, "var"), c.like_x(dx, "dx"),
                                   c.affine(dscale, "dscale"), c.affine(dbias, "dbias"),
-                                  c.workspace(ws, norm::bwd_workspace_elems(p->s))});
+                                  c.workspace(ws, norm::bwd_workspace_bytes(p->s, p->dtype))});
       e.failure())
     return e;
   b->training = true;
@@ -154,7 +157,7 @@ inline ffi::Error prepare_norm_infer_bwd(const ffi::AnyBuffer& dy, const ffi::An
                                   c.like_x(dx, "dx"), c.affine(dscale, "dscale"),
                                   c.affine(dbias, "dbias"), c.stats(dmean, "dmean"),
                                   c.stats(dvar, "dvar"),
-                                  c.workspace(ws, norm::bwd_workspace_elems(p->s))});
+                                  c.workspace(ws, norm::bwd_workspace_bytes(p->s, p->dtype))});
       e.failure())
     return e;
   b->training = false;

@@ -42,19 +42,29 @@ using column::kColumns;
 using column::Tile;
 using column::Tiling;
 
+// Welford's update per column on x - shift, shift = the column's first value in the slice (so
+// a large common offset costs no precision), one lane per column; the partial mean, shift
+// added back, and M2 go to the workspace in double. buf holds 3*w accumulators.
 template <typename T>
-JAXDNN_ALWAYS_INLINE void column_stats_tile(const FwdView<T>& v, const Tile& t, int64_t nslices) {
+JAXDNN_ALWAYS_INLINE void column_stats_tile(const FwdView<T>& v, const Tile& t, int64_t nslices,
+                                            S<T>* buf) {
   const Shape& s = v.s;
   const int64_t CK = s.CK(), w = t.j1 - t.j0, off = (t.p * nslices + t.s) * CK + t.j0;
-  S<T>* mean = v.ws0 + off;
-  S<T>* m2 = v.ws1 + off;
-  for (int64_t j = 0; j < w; ++j) mean[j] = m2[j] = 0;
+  S<T>* shift = buf;
+  S<T>* mean = buf + w;
+  S<T>* m2 = buf + 2 * w;
+  const T* x0 = v.x + (t.p * s.A + t.a0) * CK + t.j0;
+  for (int64_t j = 0; j < w; ++j) {
+    shift[j] = v.centered ? load_acc(x0[j]) : S<T>(0);
+    mean[j] = m2[j] = 0;
+  }
   for (int64_t a = t.a0; a < t.a1; ++a) {
     const T* x = v.x + (t.p * s.A + a) * CK + t.j0;
     if (v.centered) {
       const S<T> inv = S<T>(1) / S<T>(a - t.a0 + 1);
-      for_lanes<T>(w, [&](int64_t j, auto tag) {  // Welford's update, one lane per column
-        const auto xv = at(x, j, tag), d = xv - at(mean, j, tag), mu = at(mean, j, tag) + d * inv;
+      for_lanes<T>(w, [&](int64_t j, auto tag) {
+        const auto xv = at(x, j, tag) - at(shift, j, tag), d = xv - at(mean, j, tag);
+        const auto mu = at(mean, j, tag) + d * inv;
         put(mean, j, mu, tag);
         put(m2, j, at(m2, j, tag) + d * (xv - mu), tag);
       });
@@ -64,6 +74,10 @@ JAXDNN_ALWAYS_INLINE void column_stats_tile(const FwdView<T>& v, const Tile& t, 
         put(m2, j, at(m2, j, tag) + xv * xv, tag);
       });
     }
+  }
+  for (int64_t j = 0; j < w; ++j) {
+    v.ws0[off + j] = double(shift[j]) + double(mean[j]);
+    v.ws1[off + j] = double(m2[j]);
   }
 }
 
@@ -150,8 +164,9 @@ JAXDNN_ALWAYS_INLINE void column_dx_tile(const BwdView<T>& v, const Tile& t, S<T
 }
 
 #define JAXDNN_COLUMN_TASKS(T)                                                                  \
-  JAXDNN_CPU_CLONES void column_stats_task(const FwdView<T>& v, const Tile& t, int64_t nslices) {     \
-    column_stats_tile<T>(v, t, nslices);                                                              \
+  JAXDNN_CPU_CLONES void column_stats_task(const FwdView<T>& v, const Tile& t, int64_t nslices, \
+                                           S<T>* buf) {                                         \
+    column_stats_tile<T>(v, t, nslices, buf);                                                   \
   }                                                                                             \
   JAXDNN_CPU_CLONES void column_apply_task(const FwdView<T>& v, const Tile& t, S<T>* buf) {     \
     column_apply_tile<T>(v, t, buf);                                                            \
@@ -172,7 +187,10 @@ JAXDNN_COLUMN_TASKS(bf16_t)
 template <typename T>
 void column_stats(const FwdView<T>& v, const Parallel& par) {
   const Tiling tl(v.s);
-  par.for_each(tl.count(v.s), [&](int64_t i) { column_stats_task(v, tl.tile(v.s, i), tl.S); });
+  par.for_each(tl.count(v.s), [&](int64_t i) {
+    std::vector<S<T>> buf(3 * kColumns);
+    column_stats_task(v, tl.tile(v.s, i), tl.S, buf.data());
+  });
 }
 
 template <typename T>

@@ -63,8 +63,8 @@ struct FwdView {
   T* y;
   S<T>* mean;  // written in training, read in inference
   S<T>* var;
-  S<T>* ws0;
-  S<T>* ws1;
+  double* ws0;  // partial means
+  double* ws1;  // partial sums of squared deviations
 };
 
 template <typename T>
@@ -196,19 +196,19 @@ JAXDNN_ALWAYS_INLINE S<T> hsum(V<T> v) {
 // Each reduction keeps two independent accumulators (two add chains hide the latency) and
 // combines them, and the scalar tail, in a fixed order.
 
-// Sum of x[0..n) in the accumulator type.
+// Sum of (x - shift) over x[0..n) in the accumulator type.
 template <typename T>
-JAXDNN_ALWAYS_INLINE S<T> lane_sum(const T* x, int64_t n) {
+JAXDNN_ALWAYS_INLINE S<T> lane_sum(const T* x, int64_t n, S<T> shift) {
   constexpr int N = Lanes<T>::kN;
   V<T> a = {}, b = {};
   int64_t i = 0;
   for (; i + 2 * N <= n; i += 2 * N) {
-    a += vload(x + i);
-    b += vload(x + i + N);
+    a += vload(x + i) - shift;
+    b += vload(x + i + N) - shift;
   }
-  for (; i + N <= n; i += N) a += vload(x + i);
+  for (; i + N <= n; i += N) a += vload(x + i) - shift;
   S<T> s = hsum<T>(a + b);
-  for (; i < n; ++i) s += load_acc(x[i]);
+  for (; i < n; ++i) s += load_acc(x[i]) - shift;
   return s;
 }
 
@@ -271,14 +271,17 @@ JAXDNN_ALWAYS_INLINE void lane_grad_sums(const T* x, const T* dy, const S<T>* g,
   *s2 = r2;
 }
 
-// Moments of n contiguous values: exact two passes per L1-resident block, blocks merged with
-// Chan's update. Not centred (RMS): the mean stays 0 and m2 is the sum of squares.
+// Moments of n contiguous values: exact two passes per L1-resident block (the mean summed as
+// deviations from the block's first value, so a large common offset costs no precision),
+// blocks merged with Chan's update. Not centred (RMS): the mean stays 0 and m2 is the sum of
+// squares.
 template <typename T>
 JAXDNN_ALWAYS_INLINE Moments contiguous_moments(const T* x, int64_t n, bool centered) {
   Moments m;
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t len = n - b < kBlock ? n - b : kBlock;
-    const S<T> bm = centered ? lane_sum(x + b, len) / S<T>(len) : S<T>(0);
+    const S<T> shift = load_acc(x[b]);
+    const S<T> bm = centered ? shift + lane_sum(x + b, len, shift) / S<T>(len) : S<T>(0);
     m.merge(double(len), double(bm), double(lane_sum_sq_dev(x + b, len, bm)));
   }
   return m;

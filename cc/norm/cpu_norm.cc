@@ -84,8 +84,8 @@ void reduce_params(const BwdView<T>& v, int64_t R, const Parallel& par) {
 
 template <typename T>
 FwdView<T> fwd_view(const Problem& p, const FwdBuffers& b) {
-  auto* ws = static_cast<S<T>*>(b.ws);
-  const int64_t plane = p.s.P * num_slices(p.s) * p.s.CK();
+  auto* ws = static_cast<double*>(b.ws);
+  const int64_t plane = fwd_partials(p.s);
   return {p.s, p.centered, S<T>(p.eps), static_cast<const T*>(b.x),
           static_cast<const S<T>*>(b.scale), static_cast<const S<T>*>(b.bias),
           static_cast<T*>(b.y), static_cast<S<T>*>(b.mean), static_cast<S<T>*>(b.var),
@@ -96,8 +96,7 @@ template <typename T>
 BwdView<T> bwd_view(const Problem& p, const BwdBuffers& b) {
   auto* ws = static_cast<S<T>*>(b.ws);
   const bool row = path_of(p.s) == Path::kRow;
-  const int64_t plane =
-      row ? p.s.Q * row_bwd_max_slices(p.s) * p.s.CK() : p.s.P * num_slices(p.s) * p.s.CK();
+  const int64_t plane = bwd_partials(p.s);
   return {p.s, p.centered, b.training, S<T>(p.eps),
           static_cast<const T*>(b.dy), static_cast<const S<T>*>(b.dmean),
           static_cast<const S<T>*>(b.dvar), static_cast<const T*>(b.x),

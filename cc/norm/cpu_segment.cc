@@ -32,8 +32,8 @@ template <typename T>
 JAXDNN_ALWAYS_INLINE void segment_stats_range(const FwdView<T>& v, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const Moments m = contiguous_moments(v.x + r * v.s.T, v.s.T, v.centered);
-    v.ws0[r] = S<T>(m.mean);
-    v.ws1[r] = S<T>(m.m2);
+    v.ws0[r] = m.mean;
+    v.ws1[r] = m.m2;
   }
 }
 

@@ -85,18 +85,23 @@ inline int64_t row_bwd_max_slices(const Shape& s) {
   return std::min<int64_t>(s.Pq(), kRowBwdMaxSlices);
 }
 
-// Workspace, in elements of the statistics type (float, or double for float64 inputs).
-//   forward:  2 planes (mean, M2) of (P, S, C, K) partials; none on the row path.
-//   backward: row path: 2 planes (sum dy*xhat, sum dy) of (Q, S_b, C, K) partials;
+// Workspace bytes (a byte buffer, at least 16-byte aligned).
+//   forward:  2 double planes (mean, M2) of (P, S, C, K) partials (double, so that a partial
+//             mean keeps its digits under a large common offset); none on the row path.
+//   backward, in the statistics type (float, or double for float64 inputs):
+//             row path: 2 planes (sum dy*xhat, sum dy) of (Q, S_b, C, K) partials;
 //             otherwise 2 planes of (P, S, C, K) partials + per-group coefficients (P, C, 2).
-inline int64_t fwd_workspace_elems(const Shape& s) {
-  if (path_of(s) == Path::kRow) return 0;
-  return 2 * s.P * num_slices(s) * s.CK();
+inline int64_t fwd_partials(const Shape& s) {  // elements per forward plane
+  return path_of(s) == Path::kRow ? 0 : s.P * num_slices(s) * s.CK();
 }
-
-inline int64_t bwd_workspace_elems(const Shape& s) {
-  if (path_of(s) == Path::kRow) return 2 * s.Q * row_bwd_max_slices(s) * s.CK();
-  return 2 * s.P * num_slices(s) * s.CK() + 2 * s.groups();
+inline int64_t bwd_partials(const Shape& s) {  // elements per backward plane
+  return path_of(s) == Path::kRow ? s.Q * row_bwd_max_slices(s) * s.CK()
+                                  : s.P * num_slices(s) * s.CK();
+}
+inline int64_t fwd_workspace_bytes(const Shape& s) { return 2 * 8 * fwd_partials(s); }
+inline int64_t bwd_workspace_bytes(const Shape& s, DType dtype) {
+  const int64_t coef = path_of(s) == Path::kRow ? 0 : 2 * s.groups();
+  return (2 * bwd_partials(s) + coef) * (dtype == DType::kF64 ? 8 : 4);
 }
 
 inline Status validate(const Shape& s) {

@@ -104,16 +104,21 @@ class NormShape:
     def slices(self) -> int:
         return -(-self.A // self.rows_per_slice())
 
-    def fwd_workspace(self) -> int:
+    def fwd_workspace(self, dtype) -> int:
+        """Bytes: two double planes of partials (cc/norm/norm.h: fwd_workspace_bytes)."""
+        del dtype
         if self.path == "row":
             return 0
-        return 2 * self.P * self.slices() * self.C * self.K
+        return 16 * self.P * self.slices() * self.C * self.K
 
-    def bwd_workspace(self) -> int:
+    def bwd_workspace(self, dtype) -> int:
+        """Bytes, in the statistics dtype (cc/norm/norm.h: bwd_workspace_bytes)."""
         ck = self.C * self.K
         if self.path == "row":
-            return 2 * self.Q * min(self.P // self.Q, ROW_BWD_MAX_SLICES) * ck
-        return 2 * self.P * self.slices() * ck + 2 * self.P * self.C
+            elems = 2 * self.Q * min(self.P // self.Q, ROW_BWD_MAX_SLICES) * ck
+        else:
+            elems = 2 * self.P * self.slices() * ck + 2 * self.P * self.C
+        return elems * stat_dtype(dtype).itemsize
 
     def batched(self, v: int) -> NormShape:
         return dataclasses.replace(self, P=v * self.P, Q=v * self.Q)
@@ -211,8 +216,9 @@ def _size(kind, shape: NormShape, ws=0) -> int:
 
 def _aval(kind, shape: NormShape, x_dtype, ws=0):
     """Operands are flat vectors (a reshape to 1-D is free for XLA, a reshape to the 5-D
-    canonical shape with its unit dims can cost a relayout copy)."""
-    return ShapedArray((_size(kind, shape, ws),), x_dtype if kind == X else stat_dtype(x_dtype))
+    canonical shape with its unit dims can cost a relayout copy). The workspace is bytes."""
+    dtype = {X: x_dtype, WS: np.dtype(np.uint8)}.get(kind, stat_dtype(x_dtype))
+    return ShapedArray((_size(kind, shape, ws),), dtype)
 
 
 def _check(name, kinds, avals, shape: NormShape):
@@ -243,7 +249,7 @@ _SPECS = _primitive_specs()
 def _abstract_eval(name, *avals, shape, eps, centered=True):
     kinds, outs, ws_fn, _ = _SPECS[name]
     x_dtype = _check(name, kinds, avals, shape)
-    res = [_aval(k, shape, x_dtype, ws_fn(shape) if k == WS else 0) for k in outs]
+    res = [_aval(k, shape, x_dtype, ws_fn(shape, x_dtype) if k == WS else 0) for k in outs]
     return res if len(res) > 1 else res[0]
 
 
@@ -288,7 +294,7 @@ def _as_list(out):
 
 
 def _zero_of(v):
-    return ad.Zero(ShapedArray(v.shape, v.dtype))
+    return ad.Zero(ShapedArray(v.shape, v.dtype).to_tangent_aval())
 
 
 # ---- jvp of the forward primitives: their tangent primitives --------------------------------
