@@ -2,12 +2,16 @@
 // (A, C*K) matrix whose column j belongs to group c = j / K.
 //
 // Work is cut into tiles of (one row slice of rows_per_slice(s) rows) x (up to kColumns
-// columns). Every loop runs along a row, one lane per column, so it vectorises with no
-// reassociation:
-//   stats  Welford's update per column over the slice, straight into the workspace partials
-//          (mean, M2); cpu_norm.cc merges them per group.   Traffic: read x.
+// columns). Loops run along rows, one lane per column, so they vectorise with no
+// reassociation. When a tile spans whole rows (few channels), R consecutive rows are one
+// contiguous "super row" of R*w values: per-column state is replicated R times (replica r
+// takes rows r, r+R, ...), so the vector loops run ~1024 values long instead of w, and the
+// replicas are folded in order at the end.
+//   stats  Welford's update per column on x - shift (shift = the replica's first value);
+//          (mean, M2) of the slice to the double workspace; cpu_norm.cc merges them per group.
+//          Traffic: read x.
 //   apply  y = (x - mean)*(rstd*scale) + bias with per-column coefficients.
-//                                                           Traffic: read x, write y.
+//          Traffic: read x, write y.
 //   grads  per-column sums of dy*xhat and dy over the slice. Traffic: read x, dy.
 //   dx     dx = scale*rstd*dy + (x - mean)*c1 + c2.          Traffic: read x, dy, write dx.
 
@@ -18,10 +22,16 @@
 namespace jaxdnn::norm::cpu {
 namespace column {
 
-constexpr int64_t kColumns = 2048;  // columns per tile
+constexpr int64_t kColumns = 2048;     // columns per tile
+constexpr int64_t kSuperWidth = 1024;  // values per super row when rows are replicated
 
 struct Tile {
   int64_t p, s, a0, a1, j0, j1;  // batch p, slice s: rows [a0, a1), columns [j0, j1)
+  int64_t w, R;                  // width j1 - j0; rows per super row
+
+  // Super row g covers rows [a0 + g*R, a0 + g*R + rows(g)): rows(g)*w values from `row0`.
+  int64_t supers() const { return (a1 - a0 + R - 1) / R; }
+  int64_t rows(int64_t g) const { return std::min(R, a1 - a0 - g * R); }
 };
 
 struct Tiling {
@@ -31,8 +41,11 @@ struct Tiling {
   int64_t count(const Shape& sh) const { return sh.P * S * chunks; }
   Tile tile(const Shape& sh, int64_t t) const {
     const int64_t ch = t % chunks, s = t / chunks % S, p = t / (chunks * S);
-    return {p, s, s * rps, std::min(sh.A, (s + 1) * rps), ch * kColumns,
-            std::min(sh.CK(), (ch + 1) * kColumns)};
+    Tile tl{p, s, s * rps, std::min(sh.A, (s + 1) * rps), ch * kColumns,
+            std::min(sh.CK(), (ch + 1) * kColumns), 0, 1};
+    tl.w = tl.j1 - tl.j0;
+    if (tl.w == sh.CK()) tl.R = std::max<int64_t>(1, kSuperWidth / tl.w);  // rows contiguous
+    return tl;
   }
 };
 
@@ -42,141 +55,178 @@ using column::kColumns;
 using column::Tile;
 using column::Tiling;
 
-// Welford's update per column on x - shift, shift = the column's first value in the slice (so
-// a large common offset costs no precision), one lane per column; the partial mean, shift
-// added back, and M2 go to the workspace in double. buf holds 3*w accumulators.
+// Offset of (row a, first tile column) in an x-like buffer.
+inline int64_t row_offset(const Shape& s, const Tile& t, int64_t a) {
+  return (t.p * s.A + a) * s.CK() + t.j0;
+}
+
+// Replicates per-column values c[0..w) R times: c[r*w + j] = c[j].
+template <typename T>
+JAXDNN_ALWAYS_INLINE void replicate(S<T>* c, const Tile& t) {
+  for (int64_t r = 1; r < t.R; ++r)
+    for (int64_t j = 0; j < t.w; ++j) c[r * t.w + j] = c[j];
+}
+
+// buf holds 3*R*w accumulators: shift, mean, M2 per (replica, column).
 template <typename T>
 JAXDNN_ALWAYS_INLINE void column_stats_tile(const FwdView<T>& v, const Tile& t, int64_t nslices,
                                             S<T>* buf) {
   const Shape& s = v.s;
-  const int64_t CK = s.CK(), w = t.j1 - t.j0, off = (t.p * nslices + t.s) * CK + t.j0;
+  const int64_t w = t.w, n = t.R * w;
   S<T>* shift = buf;
-  S<T>* mean = buf + w;
-  S<T>* m2 = buf + 2 * w;
-  const T* x0 = v.x + (t.p * s.A + t.a0) * CK + t.j0;
-  for (int64_t j = 0; j < w; ++j) {
-    shift[j] = v.centered ? load_acc(x0[j]) : S<T>(0);
-    mean[j] = m2[j] = 0;
+  S<T>* mean = buf + n;
+  S<T>* m2 = buf + 2 * n;
+  const T* x0 = v.x + row_offset(s, t, t.a0);
+  for (int64_t i = 0; i < n; ++i) {  // replica r's shift: its first row (a0 + r, if any)
+    shift[i] = v.centered && i < (t.a1 - t.a0) * w ? load_acc(x0[i]) : S<T>(0);
+    mean[i] = m2[i] = 0;
   }
-  for (int64_t a = t.a0; a < t.a1; ++a) {
-    const T* x = v.x + (t.p * s.A + a) * CK + t.j0;
+  for (int64_t g = 0; g < t.supers(); ++g) {
+    const T* x = v.x + row_offset(s, t, t.a0 + g * t.R);
+    const int64_t len = t.rows(g) * w;
     if (v.centered) {
-      const S<T> inv = S<T>(1) / S<T>(a - t.a0 + 1);
-      for_lanes<T>(w, [&](int64_t j, auto tag) {
-        const auto xv = at(x, j, tag) - at(shift, j, tag), d = xv - at(mean, j, tag);
-        const auto mu = at(mean, j, tag) + d * inv;
-        put(mean, j, mu, tag);
-        put(m2, j, at(m2, j, tag) + d * (xv - mu), tag);
+      const S<T> inv = S<T>(1) / S<T>(g + 1);
+      for_lanes<T>(len, [&](int64_t i, auto tag) {  // Welford's update
+        const auto xv = at(x, i, tag) - at(shift, i, tag), d = xv - at(mean, i, tag);
+        const auto mu = at(mean, i, tag) + d * inv;
+        put(mean, i, mu, tag);
+        put(m2, i, at(m2, i, tag) + d * (xv - mu), tag);
       });
     } else {
-      for_lanes<T>(w, [&](int64_t j, auto tag) {
-        const auto xv = at(x, j, tag);
-        put(m2, j, at(m2, j, tag) + xv * xv, tag);
+      for_lanes<T>(len, [&](int64_t i, auto tag) {
+        const auto xv = at(x, i, tag);
+        put(m2, i, at(m2, i, tag) + xv * xv, tag);
       });
     }
   }
+  // Fold the replicas of each column in order (replica r saw supers() or supers()-1 rows).
+  const int64_t full = (t.a1 - t.a0) / t.R, rem = (t.a1 - t.a0) % t.R;
+  const int64_t off = (t.p * nslices + t.s) * s.CK() + t.j0;
   for (int64_t j = 0; j < w; ++j) {
-    v.ws0[off + j] = double(shift[j]) + double(mean[j]);
-    v.ws1[off + j] = double(m2[j]);
+    Moments m;
+    for (int64_t r = 0; r < t.R; ++r) {
+      const int64_t i = r * w + j;
+      m.merge(double(full + (r < rem ? 1 : 0)), double(shift[i]) + double(mean[i]),
+              double(m2[i]));
+    }
+    v.ws0[off + j] = v.centered ? m.mean : 0.0;
+    v.ws1[off + j] = m.m2;
   }
 }
 
-// Per-column (mean, rstd) of tile columns [j0, j1) for batch p.
+// Per-column (mean, rstd) of the tile, replicated.
 template <typename T, typename View>
 JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu, S<T>* rs) {
-  for (int64_t j = t.j0; j < t.j1; ++j) {
-    const int64_t g = t.p * v.s.C + j / v.s.K;
-    mu[j - t.j0] = v.mean[g];
-    rs[j - t.j0] = rstd_of<T>(v.var[g], v.eps);
+  for (int64_t j = 0; j < t.w; ++j) {
+    const int64_t g = t.p * v.s.C + (t.j0 + j) / v.s.K;
+    mu[j] = v.mean[g];
+    rs[j] = rstd_of<T>(v.var[g], v.eps);
   }
+  replicate<T>(mu, t);
+  replicate<T>(rs, t);
 }
 
+// buf holds 3*R*w coefficients.
 template <typename T>
 JAXDNN_ALWAYS_INLINE void column_apply_tile(const FwdView<T>& v, const Tile& t, S<T>* buf) {
   const Shape& s = v.s;
-  const int64_t CK = s.CK(), w = t.j1 - t.j0, affine = t.p / s.Pq() * CK + t.j0;
+  const int64_t n = t.R * t.w, affine = t.p / s.Pq() * s.CK() + t.j0;
   S<T>* mu = buf;
-  S<T>* gg = buf + w;
+  S<T>* gg = buf + n;
+  S<T>* bb = buf + 2 * n;
   column_stats_of<T>(v, t, mu, gg);
-  for (int64_t j = 0; j < w; ++j) gg[j] *= v.scale[affine + j];
-  const S<T>* bb = v.bias + affine;
-  for (int64_t a = t.a0; a < t.a1; ++a) {
-    const int64_t row = (t.p * s.A + a) * CK + t.j0;
+  for (int64_t i = 0; i < n; ++i) {
+    gg[i] *= v.scale[affine + i % t.w];
+    bb[i] = v.bias[affine + i % t.w];
+  }
+  for (int64_t g = 0; g < t.supers(); ++g) {
+    const int64_t row = row_offset(s, t, t.a0 + g * t.R);
     const T* x = v.x + row;
     T* y = v.y + row;
-    for_lanes<T>(w, [&](int64_t j, auto tag) {
-      put(y, j, (at(x, j, tag) - at(mu, j, tag)) * at(gg, j, tag) + at(bb, j, tag), tag);
+    for_lanes<T>(t.rows(g) * t.w, [&](int64_t i, auto tag) {
+      put(y, i, (at(x, i, tag) - at(mu, i, tag)) * at(gg, i, tag) + at(bb, i, tag), tag);
     });
   }
 }
 
+// buf holds 4*R*w values: mean, rstd, and the two sums per (replica, column).
 template <typename T>
 JAXDNN_ALWAYS_INLINE void column_grads_tile(const BwdView<T>& v, const Tile& t, int64_t nslices,
                                             S<T>* buf) {
   const Shape& s = v.s;
-  const int64_t CK = s.CK(), w = t.j1 - t.j0, off = (t.p * nslices + t.s) * CK + t.j0;
+  const int64_t n = t.R * t.w;
   S<T>* mu = buf;
-  S<T>* rs = buf + w;
+  S<T>* rs = buf + n;
+  S<T>* sdyx = buf + 2 * n;
+  S<T>* sdy = buf + 3 * n;
   column_stats_of<T>(v, t, mu, rs);
-  S<T>* sdyx = v.ws0 + off;
-  S<T>* sdy = v.ws1 + off;
-  for (int64_t j = 0; j < w; ++j) sdyx[j] = sdy[j] = 0;
-  for (int64_t a = t.a0; a < t.a1; ++a) {
-    const int64_t row = (t.p * s.A + a) * CK + t.j0;
+  for (int64_t i = 0; i < n; ++i) sdyx[i] = sdy[i] = 0;
+  for (int64_t g = 0; g < t.supers(); ++g) {
+    const int64_t row = row_offset(s, t, t.a0 + g * t.R);
     const T* x = v.x + row;
     const T* dy = v.dy + row;
-    for_lanes<T>(w, [&](int64_t j, auto tag) {
-      const auto d = at(dy, j, tag);
-      put(sdyx, j, at(sdyx, j, tag) + d * (at(x, j, tag) - at(mu, j, tag)), tag);
-      put(sdy, j, at(sdy, j, tag) + d, tag);
+    for_lanes<T>(t.rows(g) * t.w, [&](int64_t i, auto tag) {
+      const auto d = at(dy, i, tag);
+      put(sdyx, i, at(sdyx, i, tag) + d * (at(x, i, tag) - at(mu, i, tag)), tag);
+      put(sdy, i, at(sdy, i, tag) + d, tag);
     });
   }
-  for (int64_t j = 0; j < w; ++j) sdyx[j] *= rs[j];
+  const int64_t off = (t.p * nslices + t.s) * s.CK() + t.j0;
+  for (int64_t j = 0; j < t.w; ++j) {  // fold the replicas in order
+    S<T> a = 0, b = 0;
+    for (int64_t r = 0; r < t.R; ++r) {
+      a += sdyx[r * t.w + j];
+      b += sdy[r * t.w + j];
+    }
+    v.ws0[off + j] = a * rs[j];
+    v.ws1[off + j] = b;
+  }
 }
 
+// buf holds 4*R*w coefficients.
 template <typename T>
 JAXDNN_ALWAYS_INLINE void column_dx_tile(const BwdView<T>& v, const Tile& t, S<T>* buf) {
   const Shape& s = v.s;
-  const int64_t CK = s.CK(), w = t.j1 - t.j0, affine = t.p / s.Pq() * CK + t.j0;
+  const int64_t n = t.R * t.w, affine = t.p / s.Pq() * s.CK() + t.j0;
   S<T>* mu = buf;
-  S<T>* gr = buf + w;
-  S<T>* c1 = buf + 2 * w;
-  S<T>* c2 = buf + 3 * w;
+  S<T>* gr = buf + n;
+  S<T>* c1 = buf + 2 * n;
+  S<T>* c2 = buf + 3 * n;
   column_stats_of<T>(v, t, mu, gr);
-  for (int64_t j = 0; j < w; ++j) {
-    const int64_t g = t.p * s.C + (t.j0 + j) / s.K;
-    gr[j] *= v.scale[affine + j];
-    c1[j] = v.coef[2 * g];
-    c2[j] = v.coef[2 * g + 1];
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = i % t.w, g = t.p * s.C + (t.j0 + j) / s.K;
+    gr[i] *= v.scale[affine + j];
+    c1[i] = v.coef[2 * g];
+    c2[i] = v.coef[2 * g + 1];
   }
-  for (int64_t a = t.a0; a < t.a1; ++a) {
-    const int64_t row = (t.p * s.A + a) * CK + t.j0;
+  for (int64_t g = 0; g < t.supers(); ++g) {
+    const int64_t row = row_offset(s, t, t.a0 + g * t.R);
     const T* x = v.x + row;
     const T* dy = v.dy + row;
     T* dx = v.dx + row;
-    for_lanes<T>(w, [&](int64_t j, auto tag) {
-      put(dx, j,
-          at(gr, j, tag) * at(dy, j, tag) + (at(x, j, tag) - at(mu, j, tag)) * at(c1, j, tag) +
-              at(c2, j, tag),
+    for_lanes<T>(t.rows(g) * t.w, [&](int64_t i, auto tag) {
+      put(dx, i,
+          at(gr, i, tag) * at(dy, i, tag) + (at(x, i, tag) - at(mu, i, tag)) * at(c1, i, tag) +
+              at(c2, i, tag),
           tag);
     });
   }
 }
 
-#define JAXDNN_COLUMN_TASKS(T)                                                                  \
-  JAXDNN_CPU_CLONES void column_stats_task(const FwdView<T>& v, const Tile& t, int64_t nslices, \
-                                           S<T>* buf) {                                         \
-    column_stats_tile<T>(v, t, nslices, buf);                                                   \
-  }                                                                                             \
-  JAXDNN_CPU_CLONES void column_apply_task(const FwdView<T>& v, const Tile& t, S<T>* buf) {     \
-    column_apply_tile<T>(v, t, buf);                                                            \
-  }                                                                                             \
-  JAXDNN_CPU_CLONES void column_grads_task(const BwdView<T>& v, const Tile& t, int64_t nslices,       \
-                                           S<T>* buf) {                                         \
-    column_grads_tile<T>(v, t, nslices, buf);                                                         \
-  }                                                                                             \
-  JAXDNN_CPU_CLONES void column_dx_task(const BwdView<T>& v, const Tile& t, S<T>* buf) {        \
-    column_dx_tile<T>(v, t, buf);                                                               \
+#define JAXDNN_COLUMN_TASKS(T)                                                                \
+  JAXDNN_CPU_CLONES void column_stats_task(const FwdView<T>& v, const Tile& t,                \
+                                           int64_t nslices, S<T>* buf) {                      \
+    column_stats_tile<T>(v, t, nslices, buf);                                                 \
+  }                                                                                           \
+  JAXDNN_CPU_CLONES void column_apply_task(const FwdView<T>& v, const Tile& t, S<T>* buf) {   \
+    column_apply_tile<T>(v, t, buf);                                                          \
+  }                                                                                           \
+  JAXDNN_CPU_CLONES void column_grads_task(const BwdView<T>& v, const Tile& t,                \
+                                           int64_t nslices, S<T>* buf) {                      \
+    column_grads_tile<T>(v, t, nslices, buf);                                                 \
+  }                                                                                           \
+  JAXDNN_CPU_CLONES void column_dx_task(const BwdView<T>& v, const Tile& t, S<T>* buf) {      \
+    column_dx_tile<T>(v, t, buf);                                                             \
   }
 JAXDNN_COLUMN_TASKS(float)
 JAXDNN_COLUMN_TASKS(double)
@@ -197,7 +247,7 @@ template <typename T>
 void column_apply(const FwdView<T>& v, const Parallel& par) {
   const Tiling tl(v.s);
   par.for_each(tl.count(v.s), [&](int64_t i) {
-    std::vector<S<T>> buf(2 * kColumns);
+    std::vector<S<T>> buf(3 * kColumns);
     column_apply_task(v, tl.tile(v.s, i), buf.data());
   });
 }
@@ -206,7 +256,7 @@ template <typename T>
 void column_grads(const BwdView<T>& v, const Parallel& par) {
   const Tiling tl(v.s);
   par.for_each(tl.count(v.s), [&](int64_t i) {
-    std::vector<S<T>> buf(2 * kColumns);
+    std::vector<S<T>> buf(4 * kColumns);
     column_grads_task(v, tl.tile(v.s, i), tl.S, buf.data());
   });
 }

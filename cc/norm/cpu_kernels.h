@@ -23,8 +23,9 @@
 
 #define JAXDNN_ALWAYS_INLINE inline __attribute__((always_inline))
 
-// The vector helpers pass 64-byte vectors by value. They are always inlined into code of one
-// ISA, so no calling convention applies; silence GCC's note about the baseline ABI.
+// The vector helpers return 64-byte vectors by value (parameters go by reference). They are
+// always inlined into code of one ISA, so no calling convention applies; silence GCC's note
+// about the baseline ABI.
 #pragma GCC diagnostic ignored "-Wpsabi"
 #define JAXDNN_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
@@ -145,9 +146,9 @@ JAXDNN_ALWAYS_INLINE V<f16_t> vload(const f16_t* p) {
 }
 
 // Stores Lanes<T>::kN accumulators rounded to the storage type (see to_storage).
-JAXDNN_ALWAYS_INLINE void vstore(float* p, V<float> v) { std::memcpy(p, &v, sizeof v); }
-JAXDNN_ALWAYS_INLINE void vstore(double* p, V<double> v) { std::memcpy(p, &v, sizeof v); }
-JAXDNN_ALWAYS_INLINE void vstore(bf16_t* p, V<bf16_t> v) {
+JAXDNN_ALWAYS_INLINE void vstore(float* p, const V<float>& v) { std::memcpy(p, &v, sizeof v); }
+JAXDNN_ALWAYS_INLINE void vstore(double* p, const V<double>& v) { std::memcpy(p, &v, sizeof v); }
+JAXDNN_ALWAYS_INLINE void vstore(bf16_t* p, const V<bf16_t>& v) {
   using u16 = uint16_t __attribute__((vector_size(32)));
   using u32 = uint32_t __attribute__((vector_size(64)));
   u32 u;
@@ -157,7 +158,7 @@ JAXDNN_ALWAYS_INLINE void vstore(bf16_t* p, V<bf16_t> v) {
   const u16 h = __builtin_convertvector(r, u16);
   std::memcpy(p, &h, sizeof h);
 }
-JAXDNN_ALWAYS_INLINE void vstore(f16_t* p, V<f16_t> v) {
+JAXDNN_ALWAYS_INLINE void vstore(f16_t* p, const V<f16_t>& v) {
   for (int i = 0; i < Lanes<f16_t>::kN; ++i) p[i] = store_as_f<f16_t>(v[i]);
 }
 
@@ -172,7 +173,7 @@ template <typename T> JAXDNN_ALWAYS_INLINE V<T> at(const T* p, int64_t i, VecTag
 template <typename T> JAXDNN_ALWAYS_INLINE S<T> at(const T* p, int64_t i, OneTag) {
   return load_acc(p[i]);
 }
-template <typename T> JAXDNN_ALWAYS_INLINE void put(T* p, int64_t i, V<T> v, VecTag) {
+template <typename T> JAXDNN_ALWAYS_INLINE void put(T* p, int64_t i, const V<T>& v, VecTag) {
   vstore(p + i, v);
 }
 template <typename T> JAXDNN_ALWAYS_INLINE void put(T* p, int64_t i, S<T> v, OneTag) {
@@ -187,7 +188,7 @@ JAXDNN_ALWAYS_INLINE void for_lanes(int64_t n, F f) {
 }
 
 template <typename T>
-JAXDNN_ALWAYS_INLINE S<T> hsum(V<T> v) {
+JAXDNN_ALWAYS_INLINE S<T> hsum(const V<T>& v) {
   S<T> s = 0;
   for (int i = 0; i < Lanes<T>::kN; ++i) s += v[i];
   return s;
