@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.flatten_util import ravel_pytree
 from jax.test_util import check_grads
 
 import jaxdnn
@@ -125,6 +128,7 @@ def reference(case, x, s, b):
         return y
 
 
+@functools.cache
 def jnp_reference(case):
     """The op in jnp (float64 inputs), for gradient references."""
     def f(x, s, b):
@@ -186,13 +190,19 @@ def test_forward(case, dtype, platform):
     assert_close(y, ref_y, dtype, what="y")
 
 
-def _vjp(case, f, args, cts):
-    """(dx, dscale, dbias) for cotangents `cts` (y, and mean/var for batch norm)."""
+@functools.cache
+def _vjp_fn(case, f):
+    """Jitted (args, cotangents) -> (dx, dscale, dbias); cached so that every dtype of a case
+    shares one compiled float64 reference."""
     @jax.jit
     def run(args, cts):
         _, vjp = jax.vjp(f, *args)
         return vjp(tuple(cts) if case.op == "batch_norm" else cts[0])
-    return run(args, cts)
+    return run
+
+
+def _vjp(case, f, args, cts):
+    return _vjp_fn(case, f)(args, cts)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -340,10 +350,10 @@ def _loss(case):
     return f
 
 
-GRAD_CASES = [layer_case("layer_norm", (3, 4, 5)), layer_case("layer_norm", (3, 4, 5), (1, 2)),
-              layer_case("rms_norm", (4, 6)), batch_case((3, 4, 2)), batch_case((3, 2, 4), 1),
-              batch_case((40, 3)), group_case((2, 3, 4), 2), group_case((2, 4, 3), 2, "NCW"),
-              group_case((2, 3, 4), 4)]
+# One case per op and kernel path (row, column, segment).
+GRAD_CASES = [layer_case("layer_norm", (3, 4, 5), (1, 2)), layer_case("rms_norm", (4, 6)),
+              batch_case((40, 3)), batch_case((3, 2, 4), 1), group_case((2, 3, 4), 2),
+              group_case((2, 4, 3), 2, "NCW")]
 
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=repr)
@@ -362,20 +372,24 @@ def test_inference_grad_runs_backward_kernel():
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("case", GRAD_CASES, ids=repr)
-def test_check_grads(case, platform):
-    x, s, b = on(platform, *_inputs(case, jnp.float64))
-    check_grads(jax.jit(_loss(case)), (x, s, b), order=2, modes=("fwd", "rev"))
-
-
-@pytest.mark.parametrize("platform", PLATFORMS)
-def test_check_grads_inference(platform):
+def test_check_grads(platform):
+    """Second order, forward and reverse, for every op and kernel path at once: one loss sums
+    the GRAD_CASES losses and batch_norm_inference's, each on its own inputs, all raveled into
+    one vector (one compiled program per derivative, and check_grads' own arithmetic on a
+    single shape)."""
     rng = np.random.default_rng(4)
+    inputs = [_inputs(case, jnp.float64) for case in GRAD_CASES]
     x = rand(rng, (5, 3), jnp.float64)
     s, b, m = (rand(rng, (3,), jnp.float64) for _ in range(3))
-    v = np.abs(rand(rng, (3,), jnp.float64)) + 0.5
-    f = jax.jit(lambda *a: jnp.sin(jaxdnn.batch_norm_inference(*a)))
-    check_grads(f, on(platform, x, s, b, m, v), order=2, modes=("fwd", "rev"))
+    inference = (x, s, b, m, np.abs(rand(rng, (3,), jnp.float64)) + 0.5)
+
+    def loss(inputs, inference):
+        total = sum(_loss(case)(*args) for case, args in zip(GRAD_CASES, inputs))
+        return total + jnp.sum(jnp.sin(jaxdnn.batch_norm_inference(*inference)))
+
+    flat, unravel = ravel_pytree((inputs, inference))
+    check_grads(jax.jit(lambda v: loss(*unravel(v))), (on(platform, flat),), order=2,
+                modes=("fwd", "rev"))
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
