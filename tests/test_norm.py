@@ -326,14 +326,19 @@ def test_large_offset(case, dtype, platform):
     assert_close(out, ref, dtype, tol=1e-3 if f32 else None, what="y")
 
 
-def test_empty():
-    x = np.zeros((0, 8), np.float32)
-    assert jaxdnn.layer_norm(x, np.ones(8), np.zeros(8)).shape == (0, 8)
-    y, m, v = jaxdnn.batch_norm(x, np.ones(8), np.zeros(8))
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_empty(platform):
+    x, s, b = on(platform, np.zeros((0, 8), np.float32), np.ones(8, np.float32),
+                 np.zeros(8, np.float32))
+    assert jaxdnn.layer_norm(x, s, b).shape == (0, 8)
+    y, m, v = jaxdnn.batch_norm(x, s, b)
     assert y.shape == (0, 8) and np.isnan(np.asarray(m)).all() and np.isnan(np.asarray(v)).all()
-    g = jax.grad(lambda s: jaxdnn.layer_norm(x, s, None).sum())(jnp.ones(8))
+    g = jax.grad(lambda s: jaxdnn.batch_norm(x, s, b)[0].sum())(s)
     np.testing.assert_array_equal(g, np.zeros(8))
-    assert jaxdnn.group_norm(np.zeros((2, 0, 4)), None, None, groups=2).shape == (2, 0, 4)
+    g = jax.grad(lambda m: jaxdnn.batch_norm_inference(x, s, b, m, s).sum())(s)
+    np.testing.assert_array_equal(g, np.zeros(8))
+    assert jaxdnn.group_norm(on(platform, np.zeros((2, 0, 4), np.float32)), None, None,
+                             groups=2).shape == (2, 0, 4)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -431,12 +436,15 @@ def test_vmap_and_vmap_grad(case, platform):
             assert_close(g, np.stack(w), jnp.float32)
 
 
-def test_deterministic():
-    x, s, b = _inputs(batch_case((3000, 4)), jnp.float32)
-    f = jax.jit(jax.grad(lambda x, s, b: jnp.sum(jnp.sin(jaxdnn.batch_norm(x, s, b)[0])),
-                         argnums=(0, 1)))
-    a, b2 = f(x, s, b), f(x, s, b)
-    for u, v in zip(a, b2):
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", [layer_case("layer_norm", (700, 256)), batch_case((3000, 4)),
+                                  batch_case((4, 3, 777), 1)], ids=repr)
+def test_deterministic(case, platform):
+    """Bitwise identical results run to run (multi-block reductions included)."""
+    args = on(platform, *_inputs(case, jnp.float32))
+    f = jax.jit(jax.value_and_grad(_loss(case), argnums=(0, 1, 2)))
+    first, second = f(*args), f(*args)
+    for u, v in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second)):
         np.testing.assert_array_equal(u, v)
 
 

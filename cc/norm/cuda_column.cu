@@ -286,7 +286,9 @@ Status column_stats(const Fwd<D>& f, cudaStream_t st) {
 
 template <typename D>
 Status column_apply(const Fwd<D>& f, cudaStream_t st) {
-  return launch_columns<D, ApplyLaunch>(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
+  return launch_columns<D, ApplyLaunch>(f,
+                                        cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y) &&
+                                            cuda::vec_aligned(f.scale) && cuda::vec_aligned(f.bias),
                                         "norm column_apply_kernel", st);
 }
 
@@ -299,7 +301,9 @@ Status column_grads(const Bwd<D>& b, cudaStream_t st) {
 template <typename D>
 Status column_dx(const Bwd<D>& b, cudaStream_t st) {
   return launch_columns<D, DxLaunch>(
-      b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx),
+      b,
+      cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx) &&
+          cuda::vec_aligned(b.scale),
       "norm column_dx_kernel", st);
 }
 

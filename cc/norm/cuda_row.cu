@@ -316,8 +316,9 @@ void with_vec(int vec, F f) {
 template <typename D>
 Status row_forward(const Fwd<D>& f, cudaStream_t st) {
   constexpr int kMaxE = sizeof(D) == 8 ? 16 : 32;
-  const RowConfig c = row_config(f.s.K, Vec<D>::kN,
-                                 cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y), kMaxE, 256, 1024);
+  const bool aligned = cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y) &&
+                       cuda::vec_aligned(f.scale) && cuda::vec_aligned(f.bias);
+  const RowConfig c = row_config(f.s.K, Vec<D>::kN, aligned, kMaxE, 256, 1024);
   const int64_t rows = f.s.groups();
   if (!c.cached) {
     row_fwd_stream_kernel<D><<<cuda::grid_for(rows, 1, 132 * 16), kStreamThreads, 0, st>>>(f);
@@ -336,7 +337,8 @@ Status row_forward(const Fwd<D>& f, cudaStream_t st) {
 template <typename D>
 Status row_backward(const Bwd<D>& b, int64_t slices, cudaStream_t st) {
   constexpr int kMaxE = sizeof(D) == 8 ? 8 : 16;
-  const bool aligned = cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx);
+  const bool aligned = cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) &&
+                       cuda::vec_aligned(b.dx) && cuda::vec_aligned(b.scale);
   // Up to 512 threads before 16 values per thread: the dscale/dbias accumulators double the
   // registers per value, and 8 values per thread keep four 512-thread blocks' worth resident.
   const RowConfig c = row_config(b.s.K, Vec<D>::kN, aligned, kMaxE, 512, 512);
