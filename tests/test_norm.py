@@ -265,7 +265,8 @@ def test_batch_norm_inference(shape, axis, dtype, platform):
 
 NUMERIC_CASES = [layer_case("layer_norm", (4, 37)), layer_case("rms_norm", (4, 37)),
                  layer_case("layer_norm", (3, 2500)), batch_case((40, 5)),
-                 batch_case((3, 4, 37), 1), group_case((2, 6, 4), 2), group_case((2, 4, 6), 2, "NCW")]
+                 batch_case((3, 4, 37), 1), group_case((2, 6, 4), 2),
+                 group_case((2, 4, 6), 2, "NCW")]
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

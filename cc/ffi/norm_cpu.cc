@@ -16,7 +16,8 @@ ffi::Error NormFwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer sca
                       float eps, bool centered) {
   norm::Problem p;
   norm::FwdBuffers b;
-  if (ffi::Error e = prepare_norm_fwd(x, scale, bias, *y, *mean, *var, *ws, shape, eps, centered, &p, &b);
+  if (ffi::Error e =
+          prepare_norm_fwd(x, scale, bias, *y, *mean, *var, *ws, shape, eps, centered, &p, &b);
       e.failure())
     return e;
   for (Ret* r : {&y, &mean, &var, &ws}) poison_host(**r);
@@ -28,7 +29,8 @@ ffi::Error NormInferCpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer s
                         I64Span shape, float eps) {
   norm::Problem p;
   norm::FwdBuffers b;
-  if (ffi::Error e = prepare_norm_infer(x, scale, bias, mean, var, *y, shape, eps, &p, &b); e.failure())
+  if (ffi::Error e = prepare_norm_infer(x, scale, bias, mean, var, *y, shape, eps, &p, &b);
+      e.failure())
     return e;
   poison_host(*y);
   return to_error(norm::cpu_inference(p, b, FfiParallel(pool)));
@@ -64,12 +66,13 @@ ffi::Error NormInferBwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuff
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER(kNormFwdCpu, NormFwdCpu, bind_norm_fwd(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
-XLA_FFI_DEFINE_HANDLER(kNormInferCpu, NormInferCpu,
-                       bind_norm_infer(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
-XLA_FFI_DEFINE_HANDLER(kNormBwdCpu, NormBwdCpu, bind_norm_bwd(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
-XLA_FFI_DEFINE_HANDLER(kNormInferBwdCpu, NormInferBwdCpu,
-                       bind_norm_infer_bwd(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+#define JAXDNN_NORM_CPU_HANDLER(name, impl, bind) \
+  XLA_FFI_DEFINE_HANDLER(name, impl, bind(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()))
+JAXDNN_NORM_CPU_HANDLER(kNormFwdCpu, NormFwdCpu, bind_norm_fwd);
+JAXDNN_NORM_CPU_HANDLER(kNormInferCpu, NormInferCpu, bind_norm_infer);
+JAXDNN_NORM_CPU_HANDLER(kNormBwdCpu, NormBwdCpu, bind_norm_bwd);
+JAXDNN_NORM_CPU_HANDLER(kNormInferBwdCpu, NormInferBwdCpu, bind_norm_infer_bwd);
+#undef JAXDNN_NORM_CPU_HANDLER
 
 JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_fwd", kNormFwdCpu);
 JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_infer", kNormInferCpu);

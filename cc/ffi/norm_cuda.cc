@@ -76,8 +76,9 @@ ffi::Error NormInferBwdCuda(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuff
 
 }  // namespace
 
-#define JAXDNN_NORM_CUDA_HANDLER(name, impl, bind)                                     \
-  XLA_FFI_DEFINE_HANDLER(name, impl, bind(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()), \
+#define JAXDNN_NORM_CUDA_HANDLER(name, impl, bind)                                  \
+  XLA_FFI_DEFINE_HANDLER(name, impl,                                                \
+                         bind(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()), \
                          {ffi::Traits::kCmdBufferCompatible})
 JAXDNN_NORM_CUDA_HANDLER(kNormFwdCuda, NormFwdCuda, bind_norm_fwd);
 JAXDNN_NORM_CUDA_HANDLER(kNormInferCuda, NormInferCuda, bind_norm_infer);

@@ -24,7 +24,8 @@ void merge_stats(const FwdView<T>& v, const Parallel& par) {
   const Shape& s = v.s;
   const int64_t nsl = num_slices(s), rps = rows_per_slice(s), CK = s.CK();
   par.for_each((s.groups() + kMergeGroups - 1) / kMergeGroups, [&](int64_t task) {
-    for (int64_t g = task * kMergeGroups; g < std::min(s.groups(), (task + 1) * kMergeGroups); ++g) {
+    const int64_t g1 = std::min(s.groups(), (task + 1) * kMergeGroups);
+    for (int64_t g = task * kMergeGroups; g < g1; ++g) {
       const int64_t p = g / s.C, c = g % s.C;
       Moments m;
       for (int64_t sl = 0; sl < nsl; ++sl) {
@@ -45,7 +46,8 @@ void merge_grads(const BwdView<T>& v, const Parallel& par) {
   const int64_t nsl = num_slices(s), CK = s.CK();
   const double n = double(s.group_size());
   par.for_each((s.groups() + kMergeGroups - 1) / kMergeGroups, [&](int64_t task) {
-    for (int64_t g = task * kMergeGroups; g < std::min(s.groups(), (task + 1) * kMergeGroups); ++g) {
+    const int64_t g1 = std::min(s.groups(), (task + 1) * kMergeGroups);
+    for (int64_t g = task * kMergeGroups; g < g1; ++g) {
       const int64_t p = g / s.C, c = g % s.C;
       const S<T>* scale = v.scale + (p / s.Pq() * s.C + c) * s.K;
       double sg = 0, sgx = 0;

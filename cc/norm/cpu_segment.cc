@@ -110,22 +110,26 @@ void for_segments(const View& v, const Parallel& par, Task task) {
 
 template <typename T>
 void segment_stats(const FwdView<T>& v, const Parallel& par) {
-  for_segments(v, par, [](const FwdView<T>& w, int64_t a, int64_t b) { segment_stats_task(w, a, b); });
+  for_segments(v, par,
+               [](const FwdView<T>& w, int64_t a, int64_t b) { segment_stats_task(w, a, b); });
 }
 
 template <typename T>
 void segment_apply(const FwdView<T>& v, const Parallel& par) {
-  for_segments(v, par, [](const FwdView<T>& w, int64_t a, int64_t b) { segment_apply_task(w, a, b); });
+  for_segments(v, par,
+               [](const FwdView<T>& w, int64_t a, int64_t b) { segment_apply_task(w, a, b); });
 }
 
 template <typename T>
 void segment_grads(const BwdView<T>& v, const Parallel& par) {
-  for_segments(v, par, [](const BwdView<T>& w, int64_t a, int64_t b) { segment_grads_task(w, a, b); });
+  for_segments(v, par,
+               [](const BwdView<T>& w, int64_t a, int64_t b) { segment_grads_task(w, a, b); });
 }
 
 template <typename T>
 void segment_dx(const BwdView<T>& v, const Parallel& par) {
-  for_segments(v, par, [](const BwdView<T>& w, int64_t a, int64_t b) { segment_dx_task(w, a, b); });
+  for_segments(v, par,
+               [](const BwdView<T>& w, int64_t a, int64_t b) { segment_dx_task(w, a, b); });
 }
 
 JAXDNN_NORM_CPU_INSTANTIATE(segment_stats, FwdView);

@@ -82,16 +82,17 @@ __global__ void __launch_bounds__(kThreads) column_stats_kernel(Fwd<D> f, Column
   Acc shift[VEC] = {}, mean[VEC] = {}, m2[VEC] = {}, n = 0;
   if (t.active) {
     if (f.centered) load_vals<D, VEC>(col + t.a0 * CK, shift);
-    for_rows<D, VEC, 1>(t, g, col, nullptr, CK, [&](int64_t, const Acc(&v)[VEC], const Acc(&)[VEC]) {
-      n += 1;
-      const Acc inv = Acc(1) / n;
+    for_rows<D, VEC, 1>(t, g, col, nullptr, CK,
+                        [&](int64_t, const Acc(&v)[VEC], const Acc(&)[VEC]) {
+                          n += 1;
+                          const Acc inv = Acc(1) / n;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {  // Welford's update
-        const Acc xv = v[e] - shift[e], d = xv - mean[e];
-        mean[e] += d * inv;
-        m2[e] += d * (xv - mean[e]);
-      }
-    });
+                          for (int e = 0; e < VEC; ++e) {  // Welford's update
+                            const Acc xv = v[e] - shift[e], d = xv - mean[e];
+                            mean[e] += d * inv;
+                            m2[e] += d * (xv - mean[e]);
+                          }
+                        });
   }
   // Tree-merge the row groups of each column (Chan's update, fixed order).
   const int tid = threadIdx.x;

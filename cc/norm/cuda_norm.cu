@@ -133,7 +133,8 @@ Status run_steps(Steps&&... steps) {
 Status memset_bytes(void* p, int value, int64_t bytes, cudaStream_t st) {
   if (bytes == 0) return Status::Ok();
   cudaError_t e = cudaMemsetAsync(p, value, size_t(bytes), st);
-  if (e != cudaSuccess) return Status::Error(std::string("norm: memset failed: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    return Status::Error(std::string("norm: memset failed: ") + cudaGetErrorString(e));
   return Status::Ok();
 }
 
@@ -184,10 +185,12 @@ Status backward(const Problem& p, const BwdBuffers& b, cudaStream_t st) {
   auto* dbias = static_cast<Acc*>(b.dbias);
   if (s.elems() == 0) {  // every sum is empty
     const int64_t pb = s.Q * s.CK() * sizeof(Acc), gb = s.groups() * sizeof(Acc);
+    auto stat_grad = [&](void* out) {  // inference only: d(mean), d(var)
+      return b.training ? Status::Ok() : memset_bytes(out, 0, gb, st);
+    };
     return run_steps([&] { return memset_bytes(dscale, 0, pb, st); },
                      [&] { return memset_bytes(dbias, 0, pb, st); },
-                     [&] { return b.training ? Status::Ok() : memset_bytes(b.dmean_out, 0, gb, st); },
-                     [&] { return b.training ? Status::Ok() : memset_bytes(b.dvar_out, 0, gb, st); });
+                     [&] { return stat_grad(b.dmean_out); }, [&] { return stat_grad(b.dvar_out); });
   }
   switch (path_of(s)) {
     case Path::kRow: {

@@ -169,7 +169,8 @@ def _tangent_ref(tx, ts, tb, x, scale, mean, var, *, shape, eps, centered):
     tx = _x5(shape, tx, var.dtype)
     tmean = _group_sum(tx) / shape.n if centered else jnp.zeros_like(mean)
     tvar = 2 * _group_sum(xc * tx) / shape.n
-    txhat = _stat_b(shape, r) * (tx - _stat_b(shape, tmean)) - 0.5 * xhat * _stat_b(shape, r * r * tvar)
+    txhat = (_stat_b(shape, r) * (tx - _stat_b(shape, tmean))
+             - 0.5 * xhat * _stat_b(shape, r * r * tvar))
     ty = _affine_b(shape, scale) * txhat + xhat * _affine_b(shape, ts) + _affine_b(shape, tb)
     return [ty.reshape(-1).astype(x.dtype), tmean, tvar]
 
@@ -231,19 +232,16 @@ def _check(name, kinds, avals, shape: NormShape):
     return x_dtype
 
 
-def _primitive_specs():
-    """name -> (operand kinds, result kinds, workspace size fn or None, linear operand count)."""
-    return {
-        "norm_fwd": ((X, AFF, AFF), (X, S, S, WS), NormShape.fwd_workspace, 0),
-        "norm_bwd": ((X, S, S, X, AFF, S, S), (X, AFF, AFF, WS), NormShape.bwd_workspace, 3),
-        "norm_tangent": ((X, AFF, AFF, X, AFF, S, S), (X, S, S), None, 3),
-        "norm_infer": ((X, AFF, AFF, S, S), (X,), None, 0),
-        "norm_infer_bwd": ((X, X, AFF, S, S), (X, AFF, AFF, S, S, WS), NormShape.bwd_workspace, 1),
-        "norm_infer_tangent": ((X, AFF, AFF, S, S, X, AFF, S, S), (X,), None, 5),
-    }
-
-
-_SPECS = _primitive_specs()
+# name -> (operand kinds, result kinds, workspace bytes fn or None, linear operand count). The
+# linear operands lead; the rest are saved values.
+_SPECS = {
+    "norm_fwd": ((X, AFF, AFF), (X, S, S, WS), NormShape.fwd_workspace, 0),
+    "norm_bwd": ((X, S, S, X, AFF, S, S), (X, AFF, AFF, WS), NormShape.bwd_workspace, 3),
+    "norm_tangent": ((X, AFF, AFF, X, AFF, S, S), (X, S, S), None, 3),
+    "norm_infer": ((X, AFF, AFF, S, S), (X,), None, 0),
+    "norm_infer_bwd": ((X, X, AFF, S, S), (X, AFF, AFF, S, S, WS), NormShape.bwd_workspace, 1),
+    "norm_infer_tangent": ((X, AFF, AFF, S, S, X, AFF, S, S), (X,), None, 5),
+}
 
 
 def _abstract_eval(name, *avals, shape, eps, centered=True):
