@@ -15,6 +15,8 @@
 //   grads  per-column sums of dy*xhat and dy over the slice. Traffic: read x, dy.
 //   dx     dx = scale*rstd*dy + (x - mean)*c1 + c2.          Traffic: read x, dy, write dx.
 
+#include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "cc/norm/cpu_kernels.h"
@@ -63,8 +65,7 @@ inline int64_t row_offset(const Shape& s, const Tile& t, int64_t a) {
 // Replicates per-column values c[0..w) R times: c[r*w + j] = c[j].
 template <typename T>
 JAXDNN_ALWAYS_INLINE void replicate(S<T>* c, const Tile& t) {
-  for (int64_t r = 1; r < t.R; ++r)
-    for (int64_t j = 0; j < t.w; ++j) c[r * t.w + j] = c[j];
+  for (int64_t r = 1; r < t.R; ++r) std::memcpy(c + r * t.w, c, size_t(t.w) * sizeof(S<T>));
 }
 
 // buf holds 3*R*w accumulators: shift, mean, M2 per (replica, column).
@@ -99,22 +100,33 @@ JAXDNN_ALWAYS_INLINE void column_stats_tile(const FwdView<T>& v, const Tile& t, 
       });
     }
   }
-  // Fold the replicas of each column in order (replica r saw supers() or supers()-1 rows).
+  // Fold replica r into replica 0 in order, Chan's update with one count per replica (rows
+  // r, r+R, ...), all columns at once. Means stay relative to replica 0's shift: the shift
+  // difference of two nearby values is exact, so the offset costs no precision.
   const int64_t full = (t.a1 - t.a0) / t.R, rem = (t.a1 - t.a0) % t.R;
+  S<T> n0 = S<T>(full + (rem > 0));
+  for (int64_t r = 1; r < t.R; ++r) {
+    const S<T> nb = S<T>(full + (r < rem));
+    if (nb == 0) break;
+    const S<T> f = nb / (n0 + nb), g = n0 * f;
+    const S<T>* shr = shift + r * w;
+    const S<T>* mur = mean + r * w;
+    const S<T>* m2r = m2 + r * w;
+    for (int64_t j = 0; j < w; ++j) {
+      const S<T> d = (shr[j] - shift[j]) + (mur[j] - mean[j]);
+      mean[j] += d * f;
+      m2[j] += m2r[j] + d * d * g;
+    }
+    n0 += nb;
+  }
   const int64_t off = (t.p * nslices + t.s) * s.CK() + t.j0;
   for (int64_t j = 0; j < w; ++j) {
-    Moments m;
-    for (int64_t r = 0; r < t.R; ++r) {
-      const int64_t i = r * w + j;
-      m.merge(double(full + (r < rem ? 1 : 0)), double(shift[i]) + double(mean[i]),
-              double(m2[i]));
-    }
-    v.ws0[off + j] = v.centered ? m.mean : 0.0;
-    v.ws1[off + j] = m.m2;
+    v.ws0[off + j] = v.centered ? double(shift[j]) + double(mean[j]) : 0.0;
+    v.ws1[off + j] = double(m2[j]);
   }
 }
 
-// Per-column (mean, rstd) of the tile, replicated.
+// Per-column (mean, rstd) of the tile's w columns (not yet replicated).
 template <typename T, typename View>
 JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu, S<T>* rs) {
   for (int64_t j = 0; j < t.w; ++j) {
@@ -122,8 +134,6 @@ JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu
     mu[j] = v.mean[g];
     rs[j] = rstd_of<T>(v.var[g], v.eps);
   }
-  replicate<T>(mu, t);
-  replicate<T>(rs, t);
 }
 
 // buf holds 3*R*w coefficients.
@@ -135,10 +145,11 @@ JAXDNN_ALWAYS_INLINE void column_apply_tile(const FwdView<T>& v, const Tile& t, 
   S<T>* gg = buf + n;
   S<T>* bb = buf + 2 * n;
   column_stats_of<T>(v, t, mu, gg);
-  for (int64_t i = 0; i < n; ++i) {
-    gg[i] *= v.scale[affine + i % t.w];
-    bb[i] = v.bias[affine + i % t.w];
+  for (int64_t j = 0; j < t.w; ++j) {
+    gg[j] *= v.scale[affine + j];
+    bb[j] = v.bias[affine + j];
   }
+  for (S<T>* c : {mu, gg, bb}) replicate<T>(c, t);
   for (int64_t g = 0; g < t.supers(); ++g) {
     const int64_t row = row_offset(s, t, t.a0 + g * t.R);
     const T* x = v.x + row;
@@ -160,6 +171,7 @@ JAXDNN_ALWAYS_INLINE void column_grads_tile(const BwdView<T>& v, const Tile& t, 
   S<T>* sdyx = buf + 2 * n;
   S<T>* sdy = buf + 3 * n;
   column_stats_of<T>(v, t, mu, rs);
+  for (S<T>* c : {mu, rs}) replicate<T>(c, t);
   for (int64_t i = 0; i < n; ++i) sdyx[i] = sdy[i] = 0;
   for (int64_t g = 0; g < t.supers(); ++g) {
     const int64_t row = row_offset(s, t, t.a0 + g * t.R);
@@ -193,12 +205,13 @@ JAXDNN_ALWAYS_INLINE void column_dx_tile(const BwdView<T>& v, const Tile& t, S<T
   S<T>* c1 = buf + 2 * n;
   S<T>* c2 = buf + 3 * n;
   column_stats_of<T>(v, t, mu, gr);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t j = i % t.w, g = t.p * s.C + (t.j0 + j) / s.K;
-    gr[i] *= v.scale[affine + j];
-    c1[i] = v.coef[2 * g];
-    c2[i] = v.coef[2 * g + 1];
+  for (int64_t j = 0; j < t.w; ++j) {
+    const int64_t g = t.p * s.C + (t.j0 + j) / s.K;
+    gr[j] *= v.scale[affine + j];
+    c1[j] = v.coef[2 * g];
+    c2[j] = v.coef[2 * g + 1];
   }
+  for (S<T>* c : {mu, gr, c1, c2}) replicate<T>(c, t);
   for (int64_t g = 0; g < t.supers(); ++g) {
     const int64_t row = row_offset(s, t, t.a0 + g * t.R);
     const T* x = v.x + row;

@@ -2,9 +2,9 @@
 // shares, and the per-path entry points (cpu_row.cc, cpu_column.cc, cpu_segment.cc), driven by
 // cpu_norm.cc.
 //
-// Vectorisation: elementwise loops are plain loops, reductions use 64-byte vector-extension
-// accumulators; both are inlined into per-task functions compiled for AVX-512, AVX2 and
-// baseline x86-64 (JAXDNN_CPU_CLONES) and picked at load time.
+// Vectorisation: elementwise loops and reductions run on 64-byte vector-extension values,
+// inlined into per-task functions compiled for x86-64-v4 (AVX-512 F/BW/DQ/VL), x86-64-v3
+// (AVX2, FMA) and baseline x86-64 (JAXDNN_CPU_CLONES), picked at load time.
 // Stability: statistics of contiguous data are computed block by block (1024 values, an L1
 // hit for the second look) with an exact two-pass mean / sum of squared deviations per block,
 // and blocks, slices and columns are combined with Chan's parallel update in double. Column
@@ -27,7 +27,8 @@
 // always inlined into code of one ISA, so no calling convention applies; silence GCC's note
 // about the baseline ABI.
 #pragma GCC diagnostic ignored "-Wpsabi"
-#define JAXDNN_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define JAXDNN_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 namespace jaxdnn::norm::cpu {
 
