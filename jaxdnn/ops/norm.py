@@ -1,3 +1,594 @@
-"""norm ops (being written)."""
+"""Normalisation: batch, layer, RMS and group norm (instance norm is ``groups=C``).
 
-__all__: list[str] = []
+Every op is one canonical problem (``cc/norm/norm.h``), reached with free reshapes (the
+primitives take every operand as a flat vector in this order)::
+
+    x (P, A, C, K, T)     statistics per (p, c) over (a, k, t): mean, var (P, C)
+    scale, bias (Q, C, K) element (p, a, c, k, t) uses affine row p // (P // Q)
+
+    layer/RMS norm over trailing dims  (M, 1, 1, N, 1)
+    batch norm, channel axis `axis`    (1, prod(before), C, 1, prod(after))
+    group norm, channels-last          (N, H*W, G, C/G, 1)
+    group norm, channels-first         (N, 1, G, C/G, H*W)
+
+Statistics and affine parameters are float32 (float64 for float64 inputs); scale and bias are
+cast to that dtype, so float32 parameters keep their precision with 16-bit activations.
+
+Primitives (training and inference each a forward, a tangent and a backward)::
+
+    norm_fwd_p(x, scale, bias)                       -> y, mean, var, workspace   [kernel]
+    norm_tangent_p(tx, tscale, tbias; x, scale, mean, var) -> ty, tmean, tvar     [jnp]
+    norm_bwd_p(dy, dmean, dvar; x, scale, mean, var) -> dx, dscale, dbias, ws     [kernel]
+    norm_infer_p(x, scale, bias, mean, var)          -> y                         [kernel]
+    norm_infer_tangent_p(tx, tscale, tbias, tmean, tvar; x, scale, mean, var) -> ty  [jnp]
+    norm_infer_bwd_p(dy; x, scale, mean, var) -> dx, dscale, dbias, dmean, dvar, ws  [kernel]
+
+A forward primitive's jvp is its tangent primitive, linear in the tangents and evaluated with
+jnp on the saved statistics (forward mode is XLA's arithmetic). The tangent and backward
+primitives are each other's transposes, so reverse mode (``jax.grad``) runs the backward
+kernels, and their own jvps (the linear part through the primitive, the part through the saved
+values in jnp) give every higher order. Batching folds the mapped axis into P (and Q), so each
+mapped index keeps its own statistics. ``var`` is the biased variance (flax's BatchNorm
+normalises with it too); for an unbiased running variance multiply by ``n / (n - 1)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.core import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir, xla
+
+from .. import _ffi
+
+__all__ = ["batch_norm", "batch_norm_inference", "group_norm", "layer_norm", "rms_norm"]
+
+SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16,
+                                                jnp.bfloat16))
+ROW_BWD_MAX_SLICES = 512  # cc/norm/norm.h: kRowBwdMaxSlices
+
+
+def stat_dtype(dtype) -> np.dtype:
+    """Statistics / affine dtype for inputs of `dtype`: float64 for float64, else float32."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# The canonical problem (mirrors cc/norm/norm.h; the workspace sizes must agree with it)
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class NormShape:
+    P: int
+    A: int
+    C: int
+    K: int
+    T: int
+    Q: int = 1
+
+    @property
+    def x_shape(self):
+        return (self.P, self.A, self.C, self.K, self.T)
+
+    @property
+    def stats_shape(self):
+        return (self.P, self.C)
+
+    @property
+    def affine_shape(self):
+        return (self.Q, self.C, self.K)
+
+    @property
+    def n(self) -> int:  # values per statistics group
+        return self.A * self.K * self.T
+
+    @property
+    def path(self) -> str:
+        if self.T > 1:
+            return "segment"
+        return "column" if self.A > 1 else "row"
+
+    def rows_per_slice(self) -> int:
+        if self.path != "column":
+            return 1
+        return min(512, max(16, -(-65536 // max(self.C * self.K, 1))))
+
+    def slices(self) -> int:
+        return -(-self.A // self.rows_per_slice())
+
+    def fwd_workspace(self, dtype) -> int:
+        """Bytes: two double planes of partials (cc/norm/norm.h: fwd_workspace_bytes)."""
+        del dtype
+        if self.path == "row":
+            return 0
+        return 16 * self.P * self.slices() * self.C * self.K
+
+    def bwd_workspace(self, dtype) -> int:
+        """Bytes, in the statistics dtype (cc/norm/norm.h: bwd_workspace_bytes)."""
+        ck = self.C * self.K
+        if self.path == "row":
+            elems = 2 * self.Q * min(self.P // self.Q, ROW_BWD_MAX_SLICES) * ck
+        else:
+            elems = 2 * self.P * self.slices() * ck + 2 * self.P * self.C
+        return elems * stat_dtype(dtype).itemsize
+
+    def batched(self, v: int) -> NormShape:
+        return dataclasses.replace(self, P=v * self.P, Q=v * self.Q)
+
+
+# ----------------------------------------------------------------------------------------------
+# jnp references on canonical operands (the tangent primitives' implementation, and the part
+# of every jvp that flows through saved values)
+# ----------------------------------------------------------------------------------------------
+
+def _stat_b(shape: NormShape, v):
+    """(P*C,) -> (P, 1, C, 1, 1)."""
+    return v.reshape(shape.P, 1, shape.C, 1, 1)
+
+
+def _affine_b(shape: NormShape, a):
+    """(Q*C*K,) -> (P, 1, C, K, 1): row p uses affine row p // (P // Q)."""
+    q, pq = shape.Q, shape.P // shape.Q
+    a = jnp.broadcast_to(a.reshape(q, 1, 1, shape.C, shape.K, 1), (q, pq, 1, shape.C, shape.K, 1))
+    return a.reshape(shape.P, 1, shape.C, shape.K, 1)
+
+
+def _group_sum(v):
+    """(P, A, C, K, T) -> (P*C,)."""
+    return v.sum(axis=(1, 3, 4)).reshape(-1)
+
+
+def _affine_sum(shape: NormShape, v):
+    """(P, A, C, K, T) -> (Q*C*K,), summing the rows of each affine row."""
+    v = v.reshape(shape.Q, shape.P // shape.Q, shape.A, shape.C, shape.K, shape.T)
+    return v.sum(axis=(1, 2, 5)).reshape(-1)
+
+
+def _x5(shape: NormShape, v, dtype):
+    """A flat x-like operand as (P, A, C, K, T) in `dtype`."""
+    return v.reshape(shape.x_shape).astype(dtype)
+
+
+def _normalised(shape, x, mean, var, eps):
+    """(x - mean, rstd (P*C,), xhat), 5-D in the statistics dtype."""
+    r = lax.rsqrt(var + jnp.asarray(eps, var.dtype))
+    xc = _x5(shape, x, var.dtype) - _stat_b(shape, mean)
+    return xc, r, xc * _stat_b(shape, r)
+
+
+def _tangent_ref(tx, ts, tb, x, scale, mean, var, *, shape, eps, centered):
+    xc, r, xhat = _normalised(shape, x, mean, var, eps)
+    tx = _x5(shape, tx, var.dtype)
+    tmean = _group_sum(tx) / shape.n if centered else jnp.zeros_like(mean)
+    tvar = 2 * _group_sum(xc * tx) / shape.n
+    txhat = (_stat_b(shape, r) * (tx - _stat_b(shape, tmean))
+             - 0.5 * xhat * _stat_b(shape, r * r * tvar))
+    ty = _affine_b(shape, scale) * txhat + xhat * _affine_b(shape, ts) + _affine_b(shape, tb)
+    return [ty.reshape(-1).astype(x.dtype), tmean, tvar]
+
+
+def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, *, shape, eps, centered):
+    xc, r, xhat = _normalised(shape, x, mean, var, eps)
+    dy = _x5(shape, dy, var.dtype)
+    g = dy * _affine_b(shape, scale)
+    c1 = (2 * dvar - r * r * _group_sum(g * xhat)) / shape.n
+    c2 = (dmean - r * _group_sum(g)) / shape.n if centered else jnp.zeros_like(mean)
+    dx = g * _stat_b(shape, r) + xc * _stat_b(shape, c1) + _stat_b(shape, c2)
+    return [dx.reshape(-1).astype(x.dtype), _affine_sum(shape, dy * xhat), _affine_sum(shape, dy)]
+
+
+def _infer_tangent_ref(tx, ts, tb, tmean, tvar, x, scale, mean, var, *, shape, eps):
+    _, r, xhat = _normalised(shape, x, mean, var, eps)
+    tx = _x5(shape, tx, var.dtype)
+    txhat = (_stat_b(shape, r) * (tx - _stat_b(shape, tmean))
+             - 0.5 * xhat * _stat_b(shape, r * r * tvar))
+    ty = _affine_b(shape, scale) * txhat + xhat * _affine_b(shape, ts) + _affine_b(shape, tb)
+    return ty.reshape(-1).astype(x.dtype)
+
+
+def _infer_bwd_ref(dy, x, scale, mean, var, *, shape, eps):
+    _, r, xhat = _normalised(shape, x, mean, var, eps)
+    dy = _x5(shape, dy, var.dtype)
+    g = dy * _affine_b(shape, scale)
+    return [(g * _stat_b(shape, r)).reshape(-1).astype(x.dtype), _affine_sum(shape, dy * xhat),
+            _affine_sum(shape, dy), -r * _group_sum(g), -0.5 * r * r * _group_sum(g * xhat)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Primitives
+# ----------------------------------------------------------------------------------------------
+
+# Operand kinds: x-like (P, A, C, K, T), statistics (P, C), affine (Q, C, K), workspace.
+X, S, AFF, WS = "x", "stats", "affine", "workspace"
+
+
+def _size(kind, shape: NormShape, ws=0) -> int:
+    return {X: math.prod(shape.x_shape), S: math.prod(shape.stats_shape),
+            AFF: math.prod(shape.affine_shape), WS: ws}[kind]
+
+
+def _aval(kind, shape: NormShape, x_dtype, ws=0):
+    """Operands are flat vectors (a reshape to 1-D is free for XLA, a reshape to the 5-D
+    canonical shape with its unit dims can cost a relayout copy). The workspace is bytes."""
+    dtype = {X: x_dtype, WS: np.dtype(np.uint8)}.get(kind, stat_dtype(x_dtype))
+    return ShapedArray((_size(kind, shape, ws),), dtype)
+
+
+def _check(name, kinds, avals, shape: NormShape):
+    x_dtype = next(a.dtype for a, k in zip(avals, kinds) if k == X)
+    for i, (a, k) in enumerate(zip(avals, kinds)):
+        want = _aval(k, shape, x_dtype)
+        if tuple(a.shape) != want.shape or a.dtype != want.dtype:
+            raise TypeError(f"jaxdnn {name}: operand {i} is {a.str_short()}, expected "
+                            f"{want.str_short()} for {shape}")
+    return x_dtype
+
+
+# name -> (operand kinds, result kinds, workspace bytes fn or None, linear operand count). The
+# linear operands lead; the rest are saved values.
+_SPECS = {
+    "norm_fwd": ((X, AFF, AFF), (X, S, S, WS), NormShape.fwd_workspace, 0),
+    "norm_bwd": ((X, S, S, X, AFF, S, S), (X, AFF, AFF, WS), NormShape.bwd_workspace, 3),
+    "norm_tangent": ((X, AFF, AFF, X, AFF, S, S), (X, S, S), None, 3),
+    "norm_infer": ((X, AFF, AFF, S, S), (X,), None, 0),
+    "norm_infer_bwd": ((X, X, AFF, S, S), (X, AFF, AFF, S, S, WS), NormShape.bwd_workspace, 1),
+    "norm_infer_tangent": ((X, AFF, AFF, S, S, X, AFF, S, S), (X,), None, 5),
+}
+
+
+def _abstract_eval(name, *avals, shape, eps, centered=True):
+    kinds, outs, ws_fn, _ = _SPECS[name]
+    x_dtype = _check(name, kinds, avals, shape)
+    res = [_aval(k, shape, x_dtype, ws_fn(shape, x_dtype) if k == WS else 0) for k in outs]
+    return res if len(res) > 1 else res[0]
+
+
+def _kernel_attrs(platform, ctx, *, shape, eps, centered=None):
+    del platform, ctx
+    attrs = dict(shape=[shape.P, shape.A, shape.C, shape.K, shape.T, shape.Q], eps=eps)
+    return attrs if centered is None else dict(attrs, centered=bool(centered))
+
+
+def _kernel_primitive(name):
+    return _ffi.define_primitive(f"jaxdnn_{name}", partial(_abstract_eval, name),
+                                 attrs=_kernel_attrs, multiple_results=len(_SPECS[name][1]) > 1)
+
+
+def _jnp_primitive(name, impl):
+    """A primitive evaluated by `impl` (jnp), so that it can carry transpose and batching
+    rules of its own."""
+    prim = Primitive(f"jaxdnn_{name}")
+    prim.multiple_results = len(_SPECS[name][1]) > 1
+    prim.def_impl(partial(xla.apply_primitive, prim))
+    prim.def_abstract_eval(partial(_abstract_eval, name))
+    mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=prim.multiple_results))
+    return prim
+
+
+norm_fwd_p = _kernel_primitive("norm_fwd")
+norm_bwd_p = _kernel_primitive("norm_bwd")
+norm_infer_p = _kernel_primitive("norm_infer")
+norm_infer_bwd_p = _kernel_primitive("norm_infer_bwd")
+norm_tangent_p = _jnp_primitive("norm_tangent", _tangent_ref)
+norm_infer_tangent_p = _jnp_primitive("norm_infer_tangent", _infer_tangent_ref)
+
+_PRIMS = {"norm_fwd": norm_fwd_p, "norm_bwd": norm_bwd_p, "norm_tangent": norm_tangent_p,
+          "norm_infer": norm_infer_p, "norm_infer_bwd": norm_infer_bwd_p,
+          "norm_infer_tangent": norm_infer_tangent_p}
+_REFS = {"norm_bwd": _bwd_ref, "norm_tangent": _tangent_ref,
+         "norm_infer_bwd": _infer_bwd_ref, "norm_infer_tangent": _infer_tangent_ref}
+
+
+def _as_list(out):
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _zero_of(v):
+    return ad.Zero(ShapedArray(v.shape, v.dtype).to_tangent_aval())
+
+
+# ---- jvp of the forward primitives: their tangent primitives --------------------------------
+
+def _fwd_jvp(primals, tangents, *, shape, eps, centered):
+    x, scale, bias = primals
+    y, mean, var, ws = norm_fwd_p.bind(x, scale, bias, shape=shape, eps=eps, centered=centered)
+    t = [ad.instantiate_zeros(t) for t in tangents]
+    ty, tmean, tvar = norm_tangent_p.bind(*t, x, scale, mean, var, shape=shape, eps=eps,
+                                          centered=centered)
+    return (y, mean, var, ws), (ty, tmean, tvar, _zero_of(ws))
+
+
+def _infer_jvp(primals, tangents, *, shape, eps):
+    x, scale, bias, mean, var = primals
+    y = norm_infer_p.bind(*primals, shape=shape, eps=eps)
+    t = [ad.instantiate_zeros(t) for t in tangents]
+    return y, norm_infer_tangent_p.bind(*t, x, scale, mean, var, shape=shape, eps=eps)
+
+
+ad.primitive_jvps[norm_fwd_p] = _fwd_jvp
+ad.primitive_jvps[norm_infer_p] = _infer_jvp
+
+
+# ---- the linear primitives: jvp (linear part + saved-value part) and transposes -------------
+
+def _linear_jvp(name):
+    prim, ref = _PRIMS[name], _REFS[name]
+    _, out_kinds, _, n_lin = _SPECS[name]
+
+    def jvp(primals, tangents, **params):
+        out = _as_list(prim.bind(*primals, **params))
+        lin, res = primals[:n_lin], primals[n_lin:]
+        parts = []
+        if any(type(t) is not ad.Zero for t in tangents[:n_lin]):
+            t_lin = [ad.instantiate_zeros(t) for t in tangents[:n_lin]]
+            parts.append(_as_list(prim.bind(*t_lin, *res, **params)))
+        if any(type(t) is not ad.Zero for t in tangents[n_lin:]):
+            t_res = [ad.instantiate_zeros(t) for t in tangents[n_lin:]]
+            _, t = jax.jvp(lambda *r: _as_list(ref(*lin, *r, **params)), tuple(res), tuple(t_res))
+            parts.append(t)
+        t_out = []
+        for i, (o, kind) in enumerate(zip(out, out_kinds)):
+            terms = [p[i] for p in parts] if kind != WS else []  # no tangent for scratch
+            t_out.append(sum(terms[1:], terms[0]) if terms else _zero_of(o))
+        return (out, t_out) if prim.multiple_results else (out[0], t_out[0])
+
+    return jvp
+
+
+def _transposer(name, other):
+    """Transpose of linear primitive `name` is primitive `other` (same residuals)."""
+    n_lin, other_prim = _SPECS[name][3], _PRIMS[other]
+    n_in_other = _SPECS[other][3]
+
+    def transpose(cts, *args, **params):
+        cts = _as_list(cts)[:n_in_other]
+        res = args[n_lin:]
+        if any(ad.is_undefined_primal(r) for r in res):
+            raise NotImplementedError(f"jaxdnn {name}: transpose with respect to saved values")
+        cts = [ad.instantiate_zeros(c) for c in cts]
+        outs = _as_list(other_prim.bind(*cts, *res, **params))[:n_lin]
+        return [o if ad.is_undefined_primal(a) else None for o, a in zip(outs, args[:n_lin])] + \
+            [None] * len(res)
+
+    return transpose
+
+
+for _name in ("norm_bwd", "norm_tangent", "norm_infer_bwd", "norm_infer_tangent"):
+    ad.primitive_jvps[_PRIMS[_name]] = _linear_jvp(_name)
+ad.primitive_transposes[norm_tangent_p] = _transposer("norm_tangent", "norm_bwd")
+ad.primitive_transposes[norm_bwd_p] = _transposer("norm_bwd", "norm_tangent")
+ad.primitive_transposes[norm_infer_tangent_p] = _transposer("norm_infer_tangent", "norm_infer_bwd")
+ad.primitive_transposes[norm_infer_bwd_p] = _transposer("norm_infer_bwd", "norm_infer_tangent")
+
+
+# ---- batching: the mapped axis folds into P (and Q) -----------------------------------------
+
+def _batch_rule(name):
+    prim = _PRIMS[name]
+    outs = _SPECS[name][1]
+
+    def rule(args, dims, *, shape, **params):
+        # Flat operands: (V, size) -> (V*size,) puts index v at P (or Q) rows v*P.. (v+1)*P-1.
+        v = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+        folded = []
+        for a, d in zip(args, dims):
+            a = jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (v, *a.shape))
+            folded.append(a.reshape(-1))
+        res = _as_list(prim.bind(*folded, shape=shape.batched(v), **params))
+        out, out_dims = [], []
+        for r, k in zip(res, outs):
+            if k == WS:
+                out.append(r)
+                out_dims.append(None)
+            else:
+                out.append(r.reshape(v, -1))
+                out_dims.append(0)
+        return (out, out_dims) if prim.multiple_results else (out[0], out_dims[0])
+
+    return rule
+
+
+for _name, _prim in _PRIMS.items():
+    batching.primitive_batchers[_prim] = _batch_rule(_name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checking
+# ----------------------------------------------------------------------------------------------
+
+def _check_x(x, api):
+    x = jnp.asarray(x)
+    if np.dtype(x.dtype) not in SUPPORTED_DTYPES:
+        raise TypeError(f"{api}: `x` has dtype {x.dtype}; supported dtypes are float32, float64, "
+                        "float16 and bfloat16")
+    return x
+
+
+def _check_eps(eps, api) -> float:
+    try:
+        e = float(eps)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{api}: `eps` must be a float, got {eps!r}") from err
+    if not e >= 0 or not math.isfinite(e):
+        raise ValueError(f"{api}: `eps` must be finite and >= 0, got {eps!r}")
+    return float(np.float32(e))  # the kernels take it as float32; so does everything else
+
+
+def _param(p, name, want_shape, dtype, fill, api):
+    """scale/bias/mean/var as an array of `want_shape` in the statistics dtype (None -> fill)."""
+    if p is None:
+        return jnp.full(want_shape, fill, dtype)
+    p = jnp.asarray(p)
+    if not jnp.issubdtype(p.dtype, jnp.floating):
+        raise TypeError(f"{api}: `{name}` must be a floating-point array, got dtype {p.dtype}")
+    if tuple(p.shape) != tuple(want_shape):
+        raise ValueError(f"{api}: `{name}` has shape {tuple(p.shape)}, expected "
+                         f"{tuple(want_shape)}")
+    return p.astype(dtype)
+
+
+def _axis(axis, ndim, api, name="axis") -> int:
+    try:
+        a = operator.index(axis)
+    except TypeError as err:
+        raise TypeError(f"{api}: `{name}` must be an int, got {axis!r}") from err
+    if not -ndim <= a < ndim:
+        raise ValueError(f"{api}: `{name}`={axis} is out of range for `x` of rank {ndim}")
+    return a % ndim
+
+
+def _axes(axis, ndim, api) -> tuple[int, ...]:
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    if not axes:
+        raise ValueError(f"{api}: `axis` must name at least one axis")
+    out = tuple(sorted(_axis(a, ndim, api) for a in axes))
+    if len(set(out)) != len(out):
+        raise ValueError(f"{api}: `axis` {axis!r} repeats an axis")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+def _train(x, scale, bias, shape: NormShape, eps, centered):
+    y, mean, var, _ = norm_fwd_p.bind(x.reshape(-1), scale.reshape(-1), bias.reshape(-1),
+                                      shape=shape, eps=eps, centered=centered)
+    return y.reshape(x.shape), mean, var
+
+
+def _row_norm(api, x, scale, bias, axis, eps, centered):
+    x = _check_x(x, api)
+    eps = _check_eps(eps, api)
+    axes = _axes(axis, x.ndim, api)
+    norm_shape = tuple(x.shape[a] for a in axes)
+    sd = stat_dtype(x.dtype)
+    scale = _param(scale, "scale", norm_shape, sd, 1, api)
+    bias = _param(bias, "bias", norm_shape, sd, 0, api)
+    trailing = tuple(range(x.ndim - len(axes), x.ndim))
+    xt = jnp.moveaxis(x, axes, trailing) if axes != trailing else x
+    k = math.prod(norm_shape)
+    shape = NormShape(P=math.prod(xt.shape[:x.ndim - len(axes)]), A=1, C=1, K=k, T=1)
+    y, _, _ = _train(xt, scale, bias, shape, eps, centered)
+    return jnp.moveaxis(y, trailing, axes) if axes != trailing else y
+
+
+def layer_norm(x, scale, bias, *, axis=-1, eps: float = 1e-5):
+    """Layer normalisation: ``(x - mean) / sqrt(var + eps) * scale + bias`` with the mean and
+    biased variance over `axis`.
+
+    Args:
+      x: input, float32/float64/float16/bfloat16.
+      scale, bias: shaped like the normalised dims (``x.shape[a] for a in sorted axes``), or
+        None for no scale (ones) / no bias (zeros), like flax's ``use_scale``/``use_bias``.
+        Cast to float32 (float64 for float64 x); gradients come back in their own dtype.
+      axis: an int or a tuple of ints (flax's ``reduction_axes``). Trailing axes are the fast
+        path; other axes are moved to the end and back (XLA transposes).
+      eps: added to the variance (used as float32).
+    """
+    return _row_norm("jaxdnn.layer_norm", x, scale, bias, axis, eps, True)
+
+
+def rms_norm(x, scale, *, axis=-1, eps: float = 1e-5):
+    """RMS normalisation: ``x / sqrt(mean(x**2) + eps) * scale`` over `axis` (an int or a
+    tuple). `scale` is shaped like the normalised dims, or None."""
+    return _row_norm("jaxdnn.rms_norm", x, scale, None, axis, eps, False)
+
+
+def batch_norm(x, scale, bias, *, axis: int = -1, eps: float = 1e-5):
+    """Batch normalisation in training mode.
+
+    Statistics per channel (`axis`: -1 for channels-last, 1 for NCHW) over every other axis,
+    computed in one pass over `x` with a stable parallel algorithm. Returns
+    ``(y, batch_mean, batch_var)``; the statistics are float32 (float64 for float64 x) and
+    `batch_var` is the biased variance that normalises `y` (multiply by ``n / (n - 1)`` for an
+    unbiased running estimate). All three outputs are differentiable functions of `x`.
+    scale/bias: shape ``(C,)`` or None.
+    """
+    api = "jaxdnn.batch_norm"
+    x = _check_x(x, api)
+    eps = _check_eps(eps, api)
+    ax = _axis(axis, x.ndim, api)
+    c = x.shape[ax]
+    sd = stat_dtype(x.dtype)
+    scale = _param(scale, "scale", (c,), sd, 1, api)
+    bias = _param(bias, "bias", (c,), sd, 0, api)
+    shape = NormShape(P=1, A=math.prod(x.shape[:ax]), C=c, K=1, T=math.prod(x.shape[ax + 1:]))
+    y, mean, var = _train(x, scale, bias, shape, eps, True)
+    return y, mean.reshape(c), var.reshape(c)
+
+
+def batch_norm_inference(x, scale, bias, mean, var, *, axis: int = -1, eps: float = 1e-5):
+    """Batch normalisation with given statistics:
+    ``(x - mean) / sqrt(var + eps) * scale + bias`` per channel `axis`. mean, var, scale and
+    bias have shape ``(C,)`` (scale/bias may be None); all inputs are differentiable."""
+    api = "jaxdnn.batch_norm_inference"
+    x = _check_x(x, api)
+    eps = _check_eps(eps, api)
+    ax = _axis(axis, x.ndim, api)
+    c = x.shape[ax]
+    sd = stat_dtype(x.dtype)
+    scale = _param(scale, "scale", (c,), sd, 1, api)
+    bias = _param(bias, "bias", (c,), sd, 0, api)
+    if mean is None or var is None:
+        raise TypeError(f"{api}: `mean` and `var` are required")
+    mean = _param(mean, "mean", (c,), sd, 0, api)
+    var = _param(var, "var", (c,), sd, 0, api)
+    shape = NormShape(P=1, A=math.prod(x.shape[:ax]), C=c, K=1, T=math.prod(x.shape[ax + 1:]))
+    y = norm_infer_p.bind(x.reshape(-1), scale, bias, mean, var, shape=shape, eps=eps)
+    return y.reshape(x.shape)
+
+
+_GROUP_LAYOUTS = ("NC", "NWC", "NCW", "NHWC", "NCHW", "NDHWC", "NCDHW")
+
+
+def group_norm(x, scale, bias, *, groups: int, eps: float = 1e-5, layout: str | None = None):
+    """Group normalisation: statistics per (sample, group) over the spatial dims and the
+    group's ``C / groups`` channels; ``groups=C`` is instance norm, ``groups=1`` layer norm
+    over everything but the batch.
+
+    Args:
+      x: ``(N, ..., C)`` (channels-last, the default for every rank) or channels-first.
+      scale, bias: per channel, shape ``(C,)``, or None.
+      groups: number of groups, must divide C.
+      layout: None (channels-last), or one of NC, NWC, NCW, NHWC, NCHW, NDHWC, NCDHW.
+    """
+    api = "jaxdnn.group_norm"
+    x = _check_x(x, api)
+    eps = _check_eps(eps, api)
+    if layout is None:
+        if x.ndim < 2:
+            raise ValueError(f"{api}: `x` must have rank >= 2 (batch and channels), got rank "
+                             f"{x.ndim}")
+        channels_first = False
+    else:
+        if layout not in _GROUP_LAYOUTS:
+            raise ValueError(f"{api}: `layout` must be one of {_GROUP_LAYOUTS}, got {layout!r}")
+        if len(layout) != x.ndim:
+            raise ValueError(f"{api}: `layout` {layout!r} does not match the rank {x.ndim} of "
+                             "`x`")
+        channels_first = layout[1] == "C" and x.ndim > 2
+    c = x.shape[1] if channels_first else x.shape[-1]
+    if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or groups < 1:
+        raise ValueError(f"{api}: `groups` must be a positive int, got {groups!r}")
+    if c % groups:
+        raise ValueError(f"{api}: `groups`={groups} must divide the {c} channels of `x`")
+    sd = stat_dtype(x.dtype)
+    scale = _param(scale, "scale", (c,), sd, 1, api)
+    bias = _param(bias, "bias", (c,), sd, 0, api)
+    spatial = math.prod(x.shape[2:] if channels_first else x.shape[1:-1])
+    g, k = int(groups), c // int(groups)
+    if channels_first:
+        shape = NormShape(P=x.shape[0], A=1, C=g, K=k, T=spatial)
+    else:
+        shape = NormShape(P=x.shape[0], A=spatial, C=g, K=k, T=1)
+    y, _, _ = _train(x, scale, bias, shape, eps, True)
+    return y

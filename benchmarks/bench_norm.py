@@ -1,0 +1,236 @@
+"""Normalisation benchmark: jaxdnn vs the XLA path (flax-style jnp, jitted), side by side.
+
+    python benchmarks/bench_norm.py                 # default backend (GPU shapes on a GPU)
+    python benchmarks/bench_norm.py --platform cpu  # CPU shapes
+    python benchmarks/bench_norm.py --ops layer_norm,batch_norm --dtypes bfloat16
+
+Reports GB/s of minimal traffic (forward: read x + write y; backward: read x, dy + write dx;
+parameters and statistics are negligible) and the time ratio XLA / jaxdnn (> 1: jaxdnn is
+faster). The backward is timed alone: each side's vjp function, holding the residuals its own
+forward saved, is applied to a cotangent inside one jitted call. The references follow flax's
+defaults (statistics in float32 for 16-bit inputs, variance as E[x^2] - E[x]^2); each row also
+reports jaxdnn's relative L2 error against a float32 two-pass reference, as a sanity check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jaxdnn  # noqa: E402
+from benchmarks.common import (geomean, rotating_inputs, rotation_for, time_op,  # noqa: E402
+                               write_results)
+
+EPS = 1e-5
+
+
+def _stats(x, axes, fast=True):
+    """flax-style statistics in float32 (float64 for float64): mean and variance."""
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    mean = xf.mean(axes, keepdims=True)
+    if fast:
+        var = jnp.maximum(0.0, jnp.square(xf).mean(axes, keepdims=True) - jnp.square(mean))
+    else:
+        var = jnp.square(xf - mean).mean(axes, keepdims=True)
+    return xf, mean, var
+
+
+# ---- references (XLA path) and jaxdnn, per op: f(x, scale, bias) -> y (or y, mean, var) -------
+
+def ref_layer_norm(x, s, b, fast=True):
+    xf, m, v = _stats(x, -1, fast)
+    return ((xf - m) * lax.rsqrt(v + EPS) * s + b).astype(x.dtype)
+
+
+def ref_rms_norm(x, s, b, fast=True):
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return (xf * lax.rsqrt(jnp.square(xf).mean(-1, keepdims=True) + EPS) * s).astype(x.dtype)
+
+
+def _bn_axes(x, axis):
+    return tuple(a for a in range(x.ndim) if a != axis % x.ndim)
+
+
+def _expand(p, x, axis):
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    return p.reshape(shape)
+
+
+def ref_batch_norm(axis):
+    def f(x, s, b, fast=True):
+        xf, m, v = _stats(x, _bn_axes(x, axis), fast)
+        y = (xf - m) * lax.rsqrt(v + EPS) * _expand(s, x, axis) + _expand(b, x, axis)
+        return y.astype(x.dtype), m.reshape(-1), v.reshape(-1)
+    return f
+
+
+def ref_batch_norm_inference(axis):
+    def f(x, s, b, m, v, fast=True):
+        del fast
+        xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        y = ((xf - _expand(m, x, axis)) * lax.rsqrt(_expand(v, x, axis) + EPS)
+             * _expand(s, x, axis) + _expand(b, x, axis))
+        return y.astype(x.dtype)
+    return f
+
+
+def ref_group_norm(groups, channels_first):
+    def f(x, s, b, fast=True):
+        n, c = x.shape[0], (x.shape[1] if channels_first else x.shape[-1])
+        if channels_first:
+            xg = x.reshape(n, groups, -1)
+            axes = (2,)
+        else:
+            xg = x.reshape(n, -1, groups, c // groups)
+            axes = (1, 3)
+        xf, m, v = _stats(xg, axes, fast)
+        y = ((xf - m) * lax.rsqrt(v + EPS)).reshape(x.shape)
+        shape = [1] * x.ndim
+        shape[1 if channels_first else -1] = c
+        return (y * s.reshape(shape) + b.reshape(shape)).astype(x.dtype)
+    return f
+
+
+def cases(platform: str):
+    """(name, layout, shape, jaxdnn fn, reference fn, n_stats_inputs)."""
+    gpu = platform != "cpu"
+    rows = (32768, 4096) if gpu else (4096, 1024)
+    bn = (64, 112, 112, 64) if gpu else (8, 56, 56, 64)
+    gn = (32, 56, 56, 256) if gpu else (8, 28, 28, 128)
+    nchw = lambda s: (s[0], s[3], s[1], s[2])
+    return [
+        ("layer_norm", "rows", rows, lambda x, s, b: jaxdnn.layer_norm(x, s, b), ref_layer_norm, 0),
+        ("rms_norm", "rows", rows, lambda x, s, b: jaxdnn.rms_norm(x, s), ref_rms_norm, 0),
+        ("batch_norm", "NHWC", bn, lambda x, s, b: jaxdnn.batch_norm(x, s, b),
+         ref_batch_norm(-1), 0),
+        ("batch_norm", "NCHW", nchw(bn), lambda x, s, b: jaxdnn.batch_norm(x, s, b, axis=1),
+         ref_batch_norm(1), 0),
+        ("batch_norm_inference", "NHWC", bn,
+         lambda x, s, b, m, v: jaxdnn.batch_norm_inference(x, s, b, m, v),
+         ref_batch_norm_inference(-1), 2),
+        ("group_norm", "NHWC", gn, lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=32),
+         ref_group_norm(32, False), 0),
+        ("group_norm", "NCHW", nchw(gn),
+         lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=32, layout="NCHW"),
+         ref_group_norm(32, True), 0),
+    ]
+
+
+def _param_shape(name, layout, shape):
+    if name in ("layer_norm", "rms_norm"):
+        return (shape[-1],)
+    return (shape[1] if layout == "NCHW" else shape[-1],)
+
+
+def _rel_l2(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def best_times(f_ours, f_ref, inputs_ours, inputs_ref, trials):
+    """Min over `trials` interleaved measurements of each side (noise only adds time)."""
+    t_ours = t_ref = float("inf")
+    for _ in range(trials):
+        t_ours = min(t_ours, time_op(f_ours, inputs_ours))
+        t_ref = min(t_ref, time_op(f_ref, inputs_ref))
+    return t_ours, t_ref
+
+
+def bench_case(case, dtype, directions, device, trials):
+    name, layout, shape, ours, ref, n_stats = case
+    pshape = _param_shape(name, layout, shape)
+    nbytes = math.prod(shape) * jnp.dtype(dtype).itemsize
+
+    def make(rng):
+        x = jnp.asarray(rng.standard_normal(shape, np.float32) * 2 + 0.5, dtype)
+        params = [jnp.asarray(rng.standard_normal(pshape, np.float32)) for _ in range(2)]
+        if n_stats:
+            params += [jnp.asarray(rng.standard_normal(pshape, np.float32)),
+                       jnp.asarray(rng.random(pshape, np.float32) + 0.5)]
+        return (x, *params)
+
+    rot = rotation_for(3 * nbytes)
+    inputs = rotating_inputs(make, rot, device=device)
+    first = lambda out: out[0] if isinstance(out, tuple) else out
+    rows = []
+    if "fwd" in directions:
+        t_ours, t_ref = best_times(ours, ref, inputs, inputs, trials)
+        exact = jax.jit(lambda *a: first(ref(*a, fast=False)))(*inputs[0])
+        err = _rel_l2(jax.jit(lambda *a: first(ours(*a)))(*inputs[0]), exact)
+        rows.append(dict(direction="fwd", ours=2 * nbytes / t_ours / 1e9,
+                         xla=2 * nbytes / t_ref / 1e9, ratio=t_ref / t_ours, err=err,
+                         us=t_ours * 1e6))
+    if "bwd" in directions:
+        def vjps(f):
+            @jax.jit
+            def make_vjp(*args):
+                out, vjp = jax.vjp(f, *args)
+                return out, vjp
+            res = []
+            for i, args in enumerate(inputs):
+                out, vjp = make_vjp(*args)
+                cts = jax.tree_util.tree_map(
+                    lambda o: jnp.asarray(np.random.default_rng(100 + i).standard_normal(
+                        o.shape, np.float32), o.dtype), out)
+                res.append((vjp, cts))
+            return res
+
+        apply = lambda vjp, cts: vjp(cts)
+        ours_in, ref_in = vjps(ours), vjps(ref)
+        t_ours, t_ref = best_times(apply, apply, ours_in, ref_in, trials)
+        err = _rel_l2(jax.jit(apply)(*ours_in[0])[0], jax.jit(apply)(*ref_in[0])[0])
+        rows.append(dict(direction="bwd", ours=3 * nbytes / t_ours / 1e9,
+                         xla=3 * nbytes / t_ref / 1e9, ratio=t_ref / t_ours, err=err,
+                         us=t_ours * 1e6))
+    for r in rows:
+        r.update(op=name, layout=layout, shape="x".join(map(str, shape)),
+                 dtype=jnp.dtype(dtype).name)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--platform", default=None, help="cpu or gpu (default: jax's default)")
+    parser.add_argument("--ops", default=None, help="comma-separated op names")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--directions", default="fwd,bwd")
+    parser.add_argument("--trials", type=int, default=None,
+                        help="interleaved repeats, best kept (default: 3 on the CPU, 1 on a GPU)")
+    args = parser.parse_args()
+    platform = args.platform or jax.default_backend()
+    device = jax.devices(platform)[0]
+    ops = set(args.ops.split(",")) if args.ops else None
+    directions = set(args.directions.split(","))
+    trials = args.trials or (3 if platform == "cpu" else 1)
+    rows = []
+    with jax.default_device(device):
+        for case in cases(platform):
+            if ops and case[0] not in ops:
+                continue
+            for dt in args.dtypes.split(","):
+                for r in bench_case(case, jnp.dtype(dt), directions, device, trials):
+                    print(f"{r['op']:>22} {r['layout']:>5} {r['dtype']:>9} {r['direction']} "
+                          f"jaxdnn {r['ours']:7.1f} GB/s  xla {r['xla']:7.1f} GB/s  "
+                          f"ratio {r['ratio']:5.2f}  err {r['err']:.1e}", flush=True)
+                    rows.append(r)
+    notes = ("GB/s of minimal traffic: fwd 2*bytes(x), bwd 3*bytes(x). ratio = XLA time / "
+             f"jaxdnn time; geomean ratio {geomean([r['ratio'] for r in rows]):.2f}. err: "
+             "jaxdnn's relative L2 error against a float32 two-pass reference (fwd) or the XLA "
+             "path's dx (bwd).")
+    write_results("norm", rows, ["op", "layout", "shape", "dtype", "direction", "us", "ours",
+                                 "xla", "ratio", "err"], notes=notes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+// Norm pieces shared by the CPU and CUDA handlers: the bindings (same operands and attributes
+// on both platforms) and buffers -> norm::Problem with every shape checked.
+//
+// Targets. Every operand is a flat vector in the canonical order of cc/norm/norm.h (flat, so
+// that XLA passes the caller's buffers with no relayout copy); the shape attribute gives
+// [P, A, C, K, T, Q]. Statistics and affine arrays are float32, or float64 for float64 x:
+//   jaxdnn_norm_fwd        x, scale, bias                     -> y, mean, var, workspace
+//   jaxdnn_norm_infer      x, scale, bias, mean, var          -> y
+//   jaxdnn_norm_bwd        dy, dmean, dvar, x, scale, mean, var -> dx, dscale, dbias, workspace
+//   jaxdnn_norm_infer_bwd  dy, x, scale, mean, var            -> dx, dscale, dbias, dmean, dvar,
+//                                                                workspace
+// Attributes: shape (int64[6]), eps (float32); centered (bool, training targets only: false is
+// RMS norm).
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "cc/ffi/common.h"
+#include "cc/norm/norm.h"
+
+
+namespace jaxdnn::ffi_util {
+
+using I64Span = ffi::Span<const int64_t>;
+
+struct NormCheck {
+  const norm::Problem& p;
+  std::string where;
+
+  DType stat_dtype() const { return p.dtype == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+  // An error for `name` unless it is a vector of `elems` values of dtype `dt`.
+  ffi::Error expect(const ffi::AnyBuffer& b, const char* name, int64_t elems, DType dt) const {
+    if (b.dimensions().size() != 1 || b.dimensions()[0] != elems ||
+        to_dtype(b.element_type()) != dt)
+      return invalid(where + ": operand " + name + " does not match the problem");
+    return ffi::Error::Success();
+  }
+  ffi::Error like_x(const ffi::AnyBuffer& b, const char* name) const {
+    return expect(b, name, p.s.elems(), p.dtype);
+  }
+  ffi::Error stats(const ffi::AnyBuffer& b, const char* name) const {
+    return expect(b, name, p.s.groups(), stat_dtype());
+  }
+  ffi::Error affine(const ffi::AnyBuffer& b, const char* name) const {
+    return expect(b, name, p.s.Q * p.s.CK(), stat_dtype());
+  }
+  ffi::Error workspace(const ffi::AnyBuffer& b, int64_t bytes) const {
+    if (b.dimensions().size() != 1 || b.dimensions()[0] != bytes ||
+        b.element_type() != ffi::DataType::U8)
+      return invalid(where + ": workspace must be " + std::to_string(bytes) + " bytes (uint8)");
+    return ffi::Error::Success();
+  }
+};
+
+// The problem of a call: the shape attribute is [P, A, C, K, T, Q] (cc/norm/norm.h).
+inline ffi::Error decode_norm(const char* target, const ffi::AnyBuffer& x, I64Span shape,
+                              float eps, bool centered, norm::Problem* p) {
+  const std::string where = std::string("jaxdnn ") + target;
+  if (shape.size() != 6) return invalid(where + ": the shape attribute needs 6 entries");
+  auto dt = to_dtype(x.element_type());
+  if (!dt) return invalid(where + ": unsupported dtype of x");
+  p->s = {shape[0], shape[1], shape[2], shape[3], shape[4], shape[5]};
+  p->dtype = *dt;
+  p->centered = centered;
+  p->eps = double(eps);
+  Status st = norm::validate(p->s);
+  if (!st.ok()) return invalid(where + ": " + st.message);
+  return NormCheck{*p, where}.like_x(x, "x");
+}
+
+// Returns the first failed check, or success.
+inline ffi::Error first_error(std::initializer_list<ffi::Error> errors) {
+  for (const ffi::Error& e : errors)
+    if (e.failure()) return e;
+  return ffi::Error::Success();
+}
+
+// Decoders of the four targets: check every operand and fill the problem and buffers.
+inline ffi::Error prepare_norm_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
+                                   const ffi::AnyBuffer& bias, ffi::AnyBuffer& y,
+                                   ffi::AnyBuffer& mean, ffi::AnyBuffer& var, ffi::AnyBuffer& ws,
+                                   I64Span shape, float eps, bool centered,
+                                   norm::Problem* p, norm::FwdBuffers* b) {
+  if (ffi::Error e = decode_norm("norm_fwd", x, shape, eps, centered, p); e.failure()) return e;
+  const NormCheck c{*p, "jaxdnn norm_fwd"};
+  if (ffi::Error e = first_error({c.affine(scale, "scale"), c.affine(bias, "bias"),
+                                  c.like_x(y, "y"), c.stats(mean, "mean"), c.stats(var, "var"),
+                                  c.workspace(ws, norm::fwd_workspace_bytes(p->s))});
+      e.failure())
+    return e;
+  *b = {x.untyped_data(), scale.untyped_data(), bias.untyped_data(), y.untyped_data(),
+        mean.untyped_data(), var.untyped_data(), ws.untyped_data()};
+  return ffi::Error::Success();
+}
+
+inline ffi::Error prepare_norm_infer(const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
+                                     const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mean,
+                                     const ffi::AnyBuffer& var, ffi::AnyBuffer& y, I64Span shape,
+                                     float eps, norm::Problem* p, norm::FwdBuffers* b) {
+  if (ffi::Error e = decode_norm("norm_infer", x, shape, eps, true, p); e.failure()) return e;
+  const NormCheck c{*p, "jaxdnn norm_infer"};
+  if (ffi::Error e = first_error({c.affine(scale, "scale"), c.affine(bias, "bias"),
+                                  c.stats(mean, "mean"), c.stats(var, "var"), c.like_x(y, "y")});
+      e.failure())
+    return e;
+  *b = {x.untyped_data(), scale.untyped_data(), bias.untyped_data(), y.untyped_data(),
+        const_cast<void*>(mean.untyped_data()), const_cast<void*>(var.untyped_data()), nullptr};
+  return ffi::Error::Success();
+}
+
+// Training backward: dmean/dvar are the cotangents of the statistics outputs.
+inline ffi::Error prepare_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& dmean,
+                                   const ffi::AnyBuffer& dvar, const ffi::AnyBuffer& x,
+                                   const ffi::AnyBuffer& scale, const ffi::AnyBuffer& mean,
+                                   const ffi::AnyBuffer& var, ffi::AnyBuffer& dx,
+                                   ffi::AnyBuffer& dscale, ffi::AnyBuffer& dbias,
+                                   ffi::AnyBuffer& ws, I64Span shape, float eps,
+                                   bool centered, norm::Problem* p, norm::BwdBuffers* b) {
+  if (ffi::Error e = decode_norm("norm_bwd", x, shape, eps, centered, p); e.failure()) return e;
+  const NormCheck c{*p, "jaxdnn norm_bwd"};
+  if (ffi::Error e = first_error({c.like_x(dy, "dy"), c.stats(dmean, "dmean"),
+                                  c.stats(dvar, "dvar"), c.stats(mean, "mean"),
+                                  c.stats(var, "var"), c.like_x(dx, "dx"),
+                                  c.affine(dscale, "dscale"), c.affine(dbias, "dbias"),
+                                  c.workspace(ws, norm::bwd_workspace_bytes(p->s, p->dtype))});
+      e.failure())
+    return e;
+  b->training = true;
+  b->dy = dy.untyped_data();
+  b->dmean = dmean.untyped_data();
+  b->dvar = dvar.untyped_data();
+  b->x = x.untyped_data();
+  b->scale = scale.untyped_data();
+  b->mean = mean.untyped_data();
+  b->var = var.untyped_data();
+  b->dx = dx.untyped_data();
+  b->dscale = dscale.untyped_data();
+  b->dbias = dbias.untyped_data();
+  b->ws = ws.untyped_data();
+  return ffi::Error::Success();
+}
+
+inline ffi::Error prepare_norm_infer_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
+                                         const ffi::AnyBuffer& scale, const ffi::AnyBuffer& mean,
+                                         const ffi::AnyBuffer& var, ffi::AnyBuffer& dx,
+                                         ffi::AnyBuffer& dscale, ffi::AnyBuffer& dbias,
+                                         ffi::AnyBuffer& dmean, ffi::AnyBuffer& dvar,
+                                         ffi::AnyBuffer& ws, I64Span shape, float eps,
+                                         norm::Problem* p, norm::BwdBuffers* b) {
+  if (ffi::Error e = decode_norm("norm_infer_bwd", x, shape, eps, true, p); e.failure())
+    return e;
+  const NormCheck c{*p, "jaxdnn norm_infer_bwd"};
+  if (ffi::Error e = first_error({c.like_x(dy, "dy"), c.stats(mean, "mean"), c.stats(var, "var"),
+                                  c.like_x(dx, "dx"), c.affine(dscale, "dscale"),
+                                  c.affine(dbias, "dbias"), c.stats(dmean, "dmean"),
+                                  c.stats(dvar, "dvar"),
+                                  c.workspace(ws, norm::bwd_workspace_bytes(p->s, p->dtype))});
+      e.failure())
+    return e;
+  b->training = false;
+  b->dy = dy.untyped_data();
+  b->x = x.untyped_data();
+  b->scale = scale.untyped_data();
+  b->mean = mean.untyped_data();
+  b->var = var.untyped_data();
+  b->dx = dx.untyped_data();
+  b->dscale = dscale.untyped_data();
+  b->dbias = dbias.untyped_data();
+  b->dmean_out = dmean.untyped_data();
+  b->dvar_out = dvar.untyped_data();
+  b->ws = ws.untyped_data();
+  return ffi::Error::Success();
+}
+
+// Operand lists of the four targets (identical on both platforms).
+template <typename B>
+auto bind_norm_fwd(B b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Attr<I64Span>("shape").template Attr<float>("eps").template Attr<bool>("centered");
+}
+template <typename B>
+auto bind_norm_infer(B b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<I64Span>("shape").template Attr<float>("eps");
+}
+template <typename B>
+auto bind_norm_bwd(B b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Attr<I64Span>("shape").template Attr<float>("eps").template Attr<bool>("centered");
+}
+template <typename B>
+auto bind_norm_infer_bwd(B b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Attr<I64Span>("shape").template Attr<float>("eps");
+}
+
+}  // namespace jaxdnn::ffi_util

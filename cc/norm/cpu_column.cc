@@ -1,0 +1,291 @@
+// CPU column path (A > 1, T == 1; batch and group norm, channels-last): per p, x is an
+// (A, C*K) matrix whose column j belongs to group c = j / K.
+//
+// Work is cut into tiles of (one row slice of rows_per_slice(s) rows) x (up to kColumns
+// columns). Loops run along rows, one lane per column, so they vectorise with no
+// reassociation. When a tile spans whole rows (few channels), R consecutive rows are one
+// contiguous "super row" of R*w values: per-column state is replicated R times (replica r
+// takes rows r, r+R, ...), so the vector loops run ~1024 values long instead of w, and the
+// replicas are folded in order at the end.
+//   stats  Welford's update per column on x - shift (shift = the replica's first value);
+//          (mean, M2) of the slice to the double workspace; cpu_norm.cc merges them per group.
+//          Traffic: read x.
+//   apply  y = (x - mean)*(rstd*scale) + bias with per-column coefficients.
+//          Traffic: read x, write y.
+//   grads  per-column sums of dy*xhat and dy over the slice. Traffic: read x, dy.
+//   dx     dx = scale*rstd*dy + (x - mean)*c1 + c2.          Traffic: read x, dy, write dx.
+
+#include <cstring>
+#include <initializer_list>
+#include <vector>
+
+#include "cc/norm/cpu_kernels.h"
+
+namespace jaxdnn::norm::cpu {
+namespace column {
+
+constexpr int64_t kColumns = 2048;     // columns per tile
+constexpr int64_t kSuperWidth = 1024;  // values per super row when rows are replicated
+
+struct Tile {
+  int64_t p, s, a0, a1, j0, j1;  // batch p, slice s: rows [a0, a1), columns [j0, j1)
+  int64_t w, R;                  // width j1 - j0; rows per super row
+
+  // Super row g covers rows [a0 + g*R, a0 + g*R + rows(g)): rows(g)*w values from `row0`.
+  int64_t supers() const { return (a1 - a0 + R - 1) / R; }
+  int64_t rows(int64_t g) const { return std::min(R, a1 - a0 - g * R); }
+};
+
+struct Tiling {
+  int64_t S, rps, chunks;
+  explicit Tiling(const Shape& sh)
+      : S(num_slices(sh)), rps(rows_per_slice(sh)), chunks((sh.CK() + kColumns - 1) / kColumns) {}
+  int64_t count(const Shape& sh) const { return sh.P * S * chunks; }
+  Tile tile(const Shape& sh, int64_t t) const {
+    const int64_t ch = t % chunks, s = t / chunks % S, p = t / (chunks * S);
+    Tile tl{p, s, s * rps, std::min(sh.A, (s + 1) * rps), ch * kColumns,
+            std::min(sh.CK(), (ch + 1) * kColumns), 0, 1};
+    tl.w = tl.j1 - tl.j0;
+    if (tl.w == sh.CK()) tl.R = std::max<int64_t>(1, kSuperWidth / tl.w);  // rows contiguous
+    return tl;
+  }
+};
+
+}  // namespace column
+
+using column::kColumns;
+using column::Tile;
+using column::Tiling;
+
+// Offset of (row a, first tile column) in an x-like buffer.
+inline int64_t row_offset(const Shape& s, const Tile& t, int64_t a) {
+  return (t.p * s.A + a) * s.CK() + t.j0;
+}
+
+// Replicates per-column values c[0..w) R times: c[r*w + j] = c[j].
+template <typename T>
+JAXDNN_ALWAYS_INLINE void replicate(S<T>* c, const Tile& t) {
+  for (int64_t r = 1; r < t.R; ++r) std::memcpy(c + r * t.w, c, size_t(t.w) * sizeof(S<T>));
+}
+
+// buf holds 3*R*w accumulators: shift, mean, M2 per (replica, column).
+template <typename T>
+JAXDNN_ALWAYS_INLINE void column_stats_tile(const FwdView<T>& v, const Tile& t, int64_t nslices,
+                                            S<T>* buf) {
+  const Shape& s = v.s;
+  const int64_t w = t.w, n = t.R * w;
+  S<T>* shift = buf;
+  S<T>* mean = buf + n;
+  S<T>* m2 = buf + 2 * n;
+  const T* x0 = v.x + row_offset(s, t, t.a0);
+  for (int64_t i = 0; i < n; ++i) {  // replica r's shift: its first row (a0 + r, if any)
+    shift[i] = v.centered && i < (t.a1 - t.a0) * w ? load_acc(x0[i]) : S<T>(0);
+    mean[i] = m2[i] = 0;
+  }
+  for (int64_t g = 0; g < t.supers(); ++g) {
+    const T* x = v.x + row_offset(s, t, t.a0 + g * t.R);
+    const int64_t len = t.rows(g) * w;
+    if (v.centered) {
+      const S<T> inv = S<T>(1) / S<T>(g + 1);
+      for_lanes<T>(len, [&](int64_t i, auto tag) {  // Welford's update
+        const auto xv = at(x, i, tag) - at(shift, i, tag), d = xv - at(mean, i, tag);
+        const auto mu = at(mean, i, tag) + d * inv;
+        put(mean, i, mu, tag);
+        put(m2, i, at(m2, i, tag) + d * (xv - mu), tag);
+      });
+    } else {
+      for_lanes<T>(len, [&](int64_t i, auto tag) {
+        const auto xv = at(x, i, tag);
+        put(m2, i, at(m2, i, tag) + xv * xv, tag);
+      });
+    }
+  }
+  // Fold replica r into replica 0 in order, Chan's update with one count per replica (rows
+  // r, r+R, ...), all columns at once. Means stay relative to replica 0's shift: the shift
+  // difference of two nearby values is exact, so the offset costs no precision.
+  const int64_t full = (t.a1 - t.a0) / t.R, rem = (t.a1 - t.a0) % t.R;
+  S<T> n0 = S<T>(full + (rem > 0));
+  for (int64_t r = 1; r < t.R; ++r) {
+    const S<T> nb = S<T>(full + (r < rem));
+    if (nb == 0) break;
+    const S<T> f = nb / (n0 + nb), g = n0 * f;
+    const S<T>* shr = shift + r * w;
+    const S<T>* mur = mean + r * w;
+    const S<T>* m2r = m2 + r * w;
+    for (int64_t j = 0; j < w; ++j) {
+      const S<T> d = (shr[j] - shift[j]) + (mur[j] - mean[j]);
+      mean[j] += d * f;
+      m2[j] += m2r[j] + d * d * g;
+    }
+    n0 += nb;
+  }
+  const int64_t off = (t.p * nslices + t.s) * s.CK() + t.j0;
+  for (int64_t j = 0; j < w; ++j) {
+    v.ws0[off + j] = v.centered ? double(shift[j]) + double(mean[j]) : 0.0;
+    v.ws1[off + j] = double(m2[j]);
+  }
+}
+
+// Per-column (mean, rstd) of the tile's w columns (not yet replicated).
+template <typename T, typename View>
+JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu, S<T>* rs) {
+  for (int64_t j = 0; j < t.w; ++j) {
+    const int64_t g = t.p * v.s.C + (t.j0 + j) / v.s.K;
+    mu[j] = v.mean[g];
+    rs[j] = rstd_of<T>(v.var[g], v.eps);
+  }
+}
+
+// buf holds 3*R*w coefficients.
+template <typename T>
+JAXDNN_ALWAYS_INLINE void column_apply_tile(const FwdView<T>& v, const Tile& t, S<T>* buf) {
+  const Shape& s = v.s;
+  const int64_t n = t.R * t.w, affine = t.p / s.Pq() * s.CK() + t.j0;
+  S<T>* mu = buf;
+  S<T>* gg = buf + n;
+  S<T>* bb = buf + 2 * n;
+  column_stats_of<T>(v, t, mu, gg);
+  for (int64_t j = 0; j < t.w; ++j) {
+    gg[j] *= v.scale[affine + j];
+    bb[j] = v.bias[affine + j];
+  }
+  for (S<T>* c : {mu, gg, bb}) replicate<T>(c, t);
+  for (int64_t g = 0; g < t.supers(); ++g) {
+    const int64_t row = row_offset(s, t, t.a0 + g * t.R);
+    const T* x = v.x + row;
+    T* y = v.y + row;
+    for_lanes<T>(t.rows(g) * t.w, [&](int64_t i, auto tag) {
+      put(y, i, (at(x, i, tag) - at(mu, i, tag)) * at(gg, i, tag) + at(bb, i, tag), tag);
+    });
+  }
+}
+
+// buf holds 4*R*w values: mean, rstd, and the two sums per (replica, column).
+template <typename T>
+JAXDNN_ALWAYS_INLINE void column_grads_tile(const BwdView<T>& v, const Tile& t, int64_t nslices,
+                                            S<T>* buf) {
+  const Shape& s = v.s;
+  const int64_t n = t.R * t.w;
+  S<T>* mu = buf;
+  S<T>* rs = buf + n;
+  S<T>* sdyx = buf + 2 * n;
+  S<T>* sdy = buf + 3 * n;
+  column_stats_of<T>(v, t, mu, rs);
+  for (S<T>* c : {mu, rs}) replicate<T>(c, t);
+  for (int64_t i = 0; i < n; ++i) sdyx[i] = sdy[i] = 0;
+  for (int64_t g = 0; g < t.supers(); ++g) {
+    const int64_t row = row_offset(s, t, t.a0 + g * t.R);
+    const T* x = v.x + row;
+    const T* dy = v.dy + row;
+    for_lanes<T>(t.rows(g) * t.w, [&](int64_t i, auto tag) {
+      const auto d = at(dy, i, tag);
+      put(sdyx, i, at(sdyx, i, tag) + d * (at(x, i, tag) - at(mu, i, tag)), tag);
+      put(sdy, i, at(sdy, i, tag) + d, tag);
+    });
+  }
+  const int64_t off = (t.p * nslices + t.s) * s.CK() + t.j0;
+  for (int64_t j = 0; j < t.w; ++j) {  // fold the replicas in order
+    S<T> a = 0, b = 0;
+    for (int64_t r = 0; r < t.R; ++r) {
+      a += sdyx[r * t.w + j];
+      b += sdy[r * t.w + j];
+    }
+    v.ws0[off + j] = a * rs[j];
+    v.ws1[off + j] = b;
+  }
+}
+
+// buf holds 4*R*w coefficients.
+template <typename T>
+JAXDNN_ALWAYS_INLINE void column_dx_tile(const BwdView<T>& v, const Tile& t, S<T>* buf) {
+  const Shape& s = v.s;
+  const int64_t n = t.R * t.w, affine = t.p / s.Pq() * s.CK() + t.j0;
+  S<T>* mu = buf;
+  S<T>* gr = buf + n;
+  S<T>* c1 = buf + 2 * n;
+  S<T>* c2 = buf + 3 * n;
+  column_stats_of<T>(v, t, mu, gr);
+  for (int64_t j = 0; j < t.w; ++j) {
+    const int64_t g = t.p * s.C + (t.j0 + j) / s.K;
+    gr[j] *= v.scale[affine + j];
+    c1[j] = v.coef[2 * g];
+    c2[j] = v.coef[2 * g + 1];
+  }
+  for (S<T>* c : {mu, gr, c1, c2}) replicate<T>(c, t);
+  for (int64_t g = 0; g < t.supers(); ++g) {
+    const int64_t row = row_offset(s, t, t.a0 + g * t.R);
+    const T* x = v.x + row;
+    const T* dy = v.dy + row;
+    T* dx = v.dx + row;
+    for_lanes<T>(t.rows(g) * t.w, [&](int64_t i, auto tag) {
+      put(dx, i,
+          at(gr, i, tag) * at(dy, i, tag) + (at(x, i, tag) - at(mu, i, tag)) * at(c1, i, tag) +
+              at(c2, i, tag),
+          tag);
+    });
+  }
+}
+
+#define JAXDNN_COLUMN_TASKS(T)                                                                \
+  JAXDNN_CPU_CLONES void column_stats_task(const FwdView<T>& v, const Tile& t,                \
+                                           int64_t nslices, S<T>* buf) {                      \
+    column_stats_tile<T>(v, t, nslices, buf);                                                 \
+  }                                                                                           \
+  JAXDNN_CPU_CLONES void column_apply_task(const FwdView<T>& v, const Tile& t, S<T>* buf) {   \
+    column_apply_tile<T>(v, t, buf);                                                          \
+  }                                                                                           \
+  JAXDNN_CPU_CLONES void column_grads_task(const BwdView<T>& v, const Tile& t,                \
+                                           int64_t nslices, S<T>* buf) {                      \
+    column_grads_tile<T>(v, t, nslices, buf);                                                 \
+  }                                                                                           \
+  JAXDNN_CPU_CLONES void column_dx_task(const BwdView<T>& v, const Tile& t, S<T>* buf) {      \
+    column_dx_tile<T>(v, t, buf);                                                             \
+  }
+JAXDNN_COLUMN_TASKS(float)
+JAXDNN_COLUMN_TASKS(double)
+JAXDNN_COLUMN_TASKS(f16_t)
+JAXDNN_COLUMN_TASKS(bf16_t)
+#undef JAXDNN_COLUMN_TASKS
+
+template <typename T>
+void column_stats(const FwdView<T>& v, const Parallel& par) {
+  const Tiling tl(v.s);
+  par.for_each(tl.count(v.s), [&](int64_t i) {
+    std::vector<S<T>> buf(3 * kColumns);
+    column_stats_task(v, tl.tile(v.s, i), tl.S, buf.data());
+  });
+}
+
+template <typename T>
+void column_apply(const FwdView<T>& v, const Parallel& par) {
+  const Tiling tl(v.s);
+  par.for_each(tl.count(v.s), [&](int64_t i) {
+    std::vector<S<T>> buf(3 * kColumns);
+    column_apply_task(v, tl.tile(v.s, i), buf.data());
+  });
+}
+
+template <typename T>
+void column_grads(const BwdView<T>& v, const Parallel& par) {
+  const Tiling tl(v.s);
+  par.for_each(tl.count(v.s), [&](int64_t i) {
+    std::vector<S<T>> buf(4 * kColumns);
+    column_grads_task(v, tl.tile(v.s, i), tl.S, buf.data());
+  });
+}
+
+template <typename T>
+void column_dx(const BwdView<T>& v, const Parallel& par) {
+  const Tiling tl(v.s);
+  par.for_each(tl.count(v.s), [&](int64_t i) {
+    std::vector<S<T>> buf(4 * kColumns);
+    column_dx_task(v, tl.tile(v.s, i), buf.data());
+  });
+}
+
+JAXDNN_NORM_CPU_INSTANTIATE(column_stats, FwdView);
+JAXDNN_NORM_CPU_INSTANTIATE(column_apply, FwdView);
+JAXDNN_NORM_CPU_INSTANTIATE(column_grads, BwdView);
+JAXDNN_NORM_CPU_INSTANTIATE(column_dx, BwdView);
+
+}  // namespace jaxdnn::norm::cpu

@@ -1,0 +1,349 @@
+// CPU norm kernels: typed views of a call's buffers, the vectorisable inner loops every path
+// shares, and the per-path entry points (cpu_row.cc, cpu_column.cc, cpu_segment.cc), driven by
+// cpu_norm.cc.
+//
+// Vectorisation: elementwise loops and reductions run on 64-byte vector-extension values,
+// inlined into per-task functions compiled for x86-64-v4 (AVX-512 F/BW/DQ/VL), x86-64-v3
+// (AVX2, FMA) and baseline x86-64 (JAXDNN_CPU_CLONES), picked at load time.
+// Stability: statistics of contiguous data are computed block by block (1024 values, an L1
+// hit for the second look) with an exact two-pass mean / sum of squared deviations per block,
+// and blocks, slices and columns are combined with Chan's parallel update in double. Column
+// statistics use Welford's update, one lane per column.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "cc/common/dtype.h"
+#include "cc/common/parallel.h"
+#include "cc/norm/norm.h"
+
+#define JAXDNN_ALWAYS_INLINE inline __attribute__((always_inline))
+
+// The vector helpers return 64-byte vectors by value (parameters go by reference). They are
+// always inlined into code of one ISA, so no calling convention applies; silence GCC's note
+// about the baseline ABI.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#define JAXDNN_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+namespace jaxdnn::norm::cpu {
+
+template <typename T> using S = acc_t<T>;  // statistics / affine type: float, or double
+
+// Rounds to the storage type. bfloat16 is written branch-free (round to nearest even, NaN kept
+// quiet) so that output loops vectorise; float16 uses the shared scalar conversion.
+template <typename T> JAXDNN_ALWAYS_INLINE T to_storage(S<T> v) {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const uint32_t u = float_to_bits(v);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+    return bf16_t{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded)};
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return store_as_f<T>(v);
+  } else {
+    return v;
+  }
+}
+
+template <typename T> JAXDNN_ALWAYS_INLINE S<T> rstd_of(S<T> var, S<T> eps) {
+  return S<T>(1) / std::sqrt(var + eps);
+}
+
+// Typed views of one call. ws0/ws1 are the two partial planes of the workspace (see norm.h),
+// coef the backward per-group coefficients (c1, c2) after them.
+template <typename T>
+struct FwdView {
+  Shape s;
+  bool centered;
+  S<T> eps;
+  const T* x;
+  const S<T>* scale;
+  const S<T>* bias;
+  T* y;
+  S<T>* mean;  // written in training, read in inference
+  S<T>* var;
+  double* ws0;  // partial means
+  double* ws1;  // partial sums of squared deviations
+};
+
+template <typename T>
+struct BwdView {
+  Shape s;
+  bool centered, training;
+  S<T> eps;
+  const T* dy;
+  const S<T>* dmean;
+  const S<T>* dvar;
+  const T* x;
+  const S<T>* scale;
+  const S<T>* mean;
+  const S<T>* var;
+  T* dx;
+  S<T>* dscale;
+  S<T>* dbias;
+  S<T>* dmean_out;
+  S<T>* dvar_out;
+  S<T>* ws0;  // sum dy*xhat partials
+  S<T>* ws1;  // sum dy partials
+  S<T>* coef;  // (P, C, 2): dx = scale*rstd*dy + (x - mean)*c1 + c2
+};
+
+// ---- Shared numerics ------------------------------------------------------------------------
+
+constexpr int64_t kBlock = 1024;  // values per exact two-pass block
+
+struct Moments {
+  double n = 0, mean = 0, m2 = 0;  // count, mean, sum of squared deviations
+
+  // Chan et al.'s parallel update: merge another set of moments into this one.
+  void merge(double nb, double mean_b, double m2_b) {
+    if (nb == 0) return;
+    const double nn = n + nb, d = mean_b - mean;
+    mean += d * (nb / nn);
+    m2 += m2_b + d * d * (n * nb / nn);
+    n = nn;
+  }
+};
+
+// Reductions run on GCC vector-extension registers of 64 bytes (16 floats or 8 doubles): one
+// zmm under AVX-512, two ymm under AVX2, four xmm otherwise, with no reassociation of the
+// per-lane sums (plain reduction loops would not vectorise without -ffast-math).
+using VecF = float __attribute__((vector_size(64)));
+using VecD = double __attribute__((vector_size(64)));
+template <typename T> struct Lanes {
+  using type = std::conditional_t<std::is_same_v<T, double>, VecD, VecF>;
+  static constexpr int kN = int(64 / sizeof(S<T>));
+};
+template <typename T> using V = typename Lanes<T>::type;
+
+// Lanes<T>::kN consecutive values as accumulators.
+JAXDNN_ALWAYS_INLINE V<float> vload(const float* p) {
+  V<float> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+JAXDNN_ALWAYS_INLINE V<double> vload(const double* p) {
+  V<double> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+JAXDNN_ALWAYS_INLINE V<bf16_t> vload(const bf16_t* p) {
+  using u16 = uint16_t __attribute__((vector_size(32)));
+  using u32 = uint32_t __attribute__((vector_size(64)));
+  u16 h;
+  std::memcpy(&h, p, sizeof h);
+  const u32 w = __builtin_convertvector(h, u32) << 16;  // bfloat16 is the top half of a float
+  V<bf16_t> v;
+  std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+JAXDNN_ALWAYS_INLINE V<f16_t> vload(const f16_t* p) {
+  V<f16_t> v;
+  for (int i = 0; i < Lanes<f16_t>::kN; ++i) v[i] = to_float(p[i]);
+  return v;
+}
+
+// Stores Lanes<T>::kN accumulators rounded to the storage type (see to_storage).
+JAXDNN_ALWAYS_INLINE void vstore(float* p, const V<float>& v) { std::memcpy(p, &v, sizeof v); }
+JAXDNN_ALWAYS_INLINE void vstore(double* p, const V<double>& v) { std::memcpy(p, &v, sizeof v); }
+JAXDNN_ALWAYS_INLINE void vstore(bf16_t* p, const V<bf16_t>& v) {
+  using u16 = uint16_t __attribute__((vector_size(32)));
+  using u32 = uint32_t __attribute__((vector_size(64)));
+  u32 u;
+  std::memcpy(&u, &v, sizeof u);
+  const u32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+  const u32 r = (u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
+  const u16 h = __builtin_convertvector(r, u16);
+  std::memcpy(p, &h, sizeof h);
+}
+JAXDNN_ALWAYS_INLINE void vstore(f16_t* p, const V<f16_t>& v) {
+  for (int i = 0; i < Lanes<f16_t>::kN; ++i) p[i] = store_as_f<f16_t>(v[i]);
+}
+
+// Elementwise loops: for_lanes(n, f) calls f(i, VecTag{}) on whole vectors, then
+// f(i, OneTag{}) on the tail; at()/put() load and store a vector or one value per tag, so one
+// generic lambda body serves both.
+struct VecTag {};
+struct OneTag {};
+template <typename T> JAXDNN_ALWAYS_INLINE V<T> at(const T* p, int64_t i, VecTag) {
+  return vload(p + i);
+}
+template <typename T> JAXDNN_ALWAYS_INLINE S<T> at(const T* p, int64_t i, OneTag) {
+  return load_acc(p[i]);
+}
+template <typename T> JAXDNN_ALWAYS_INLINE void put(T* p, int64_t i, const V<T>& v, VecTag) {
+  vstore(p + i, v);
+}
+template <typename T> JAXDNN_ALWAYS_INLINE void put(T* p, int64_t i, S<T> v, OneTag) {
+  p[i] = to_storage<T>(v);
+}
+template <typename T, typename F>
+JAXDNN_ALWAYS_INLINE void for_lanes(int64_t n, F f) {
+  constexpr int N = Lanes<T>::kN;
+  int64_t i = 0;
+  for (; i + N <= n; i += N) f(i, VecTag{});
+  for (; i < n; ++i) f(i, OneTag{});
+}
+
+template <typename T>
+JAXDNN_ALWAYS_INLINE S<T> hsum(const V<T>& v) {
+  S<T> s = 0;
+  for (int i = 0; i < Lanes<T>::kN; ++i) s += v[i];
+  return s;
+}
+
+// Each reduction keeps two independent accumulators (two add chains hide the latency) and
+// combines them, and the scalar tail, in a fixed order.
+
+// Sum of (x - shift) over x[0..n) in the accumulator type.
+template <typename T>
+JAXDNN_ALWAYS_INLINE S<T> lane_sum(const T* x, int64_t n, S<T> shift) {
+  constexpr int N = Lanes<T>::kN;
+  V<T> a = {}, b = {};
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    a += vload(x + i) - shift;
+    b += vload(x + i + N) - shift;
+  }
+  for (; i + N <= n; i += N) a += vload(x + i) - shift;
+  S<T> s = hsum<T>(a + b);
+  for (; i < n; ++i) s += load_acc(x[i]) - shift;
+  return s;
+}
+
+// Sum of (x - m)^2 over x[0..n).
+template <typename T>
+JAXDNN_ALWAYS_INLINE S<T> lane_sum_sq_dev(const T* x, int64_t n, S<T> m) {
+  constexpr int N = Lanes<T>::kN;
+  V<T> a = {}, b = {};
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const V<T> d = vload(x + i) - m, e = vload(x + i + N) - m;
+    a += d * d;
+    b += e * e;
+  }
+  for (; i + N <= n; i += N) {
+    const V<T> d = vload(x + i) - m;
+    a += d * d;
+  }
+  S<T> s = hsum<T>(a + b);
+  for (; i < n; ++i) {
+    const S<T> d = load_acc(x[i]) - m;
+    s += d * d;
+  }
+  return s;
+}
+
+// Backward sums over n values: *s1 = sum g*dy, *s2 = sum g*dy*(x - m), with per-value
+// weights g (kWeighted) or g = 1.
+template <bool kWeighted, typename T>
+JAXDNN_ALWAYS_INLINE void lane_grad_sums(const T* x, const T* dy, const S<T>* g, int64_t n,
+                                         S<T> m, S<T>* s1, S<T>* s2) {
+  constexpr int N = Lanes<T>::kN;
+  V<T> a1 = {}, a2 = {}, b1 = {}, b2 = {};
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    V<T> d = vload(dy + i), e = vload(dy + i + N);
+    if constexpr (kWeighted) {
+      d *= vload(g + i);
+      e *= vload(g + i + N);
+    }
+    a1 += d;
+    b1 += e;
+    a2 += d * (vload(x + i) - m);
+    b2 += e * (vload(x + i + N) - m);
+  }
+  for (; i + N <= n; i += N) {
+    V<T> d = vload(dy + i);
+    if constexpr (kWeighted) d *= vload(g + i);
+    a1 += d;
+    a2 += d * (vload(x + i) - m);
+  }
+  S<T> r1 = hsum<T>(a1 + b1), r2 = hsum<T>(a2 + b2);
+  for (; i < n; ++i) {
+    S<T> d = load_acc(dy[i]);
+    if constexpr (kWeighted) d *= g[i];
+    r1 += d;
+    r2 += d * (load_acc(x[i]) - m);
+  }
+  *s1 = r1;
+  *s2 = r2;
+}
+
+// Moments of n contiguous values: exact two passes per L1-resident block (the mean summed as
+// deviations from the block's first value, so a large common offset costs no precision),
+// blocks merged with Chan's update. Not centred (RMS): the mean stays 0 and m2 is the sum of
+// squares.
+template <typename T>
+JAXDNN_ALWAYS_INLINE Moments contiguous_moments(const T* x, int64_t n, bool centered) {
+  Moments m;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t len = n - b < kBlock ? n - b : kBlock;
+    const S<T> shift = load_acc(x[b]);
+    const S<T> bm = centered ? shift + lane_sum(x + b, len, shift) / S<T>(len) : S<T>(0);
+    m.merge(double(len), double(bm), double(lane_sum_sq_dev(x + b, len, bm)));
+  }
+  return m;
+}
+
+// Statistics outputs of a group of n values (NaN for an empty group, like a mean of nothing).
+template <typename T>
+JAXDNN_ALWAYS_INLINE void finish_stats(const Moments& m, S<T>* mean, S<T>* var) {
+  if (m.n == 0) {
+    *mean = *var = std::numeric_limits<S<T>>::quiet_NaN();
+    return;
+  }
+  *mean = S<T>(m.mean);
+  *var = S<T>(m.m2 / m.n);
+}
+
+// Backward per-group coefficients from the group sums sg = sum(scale*dy) and
+// sgx = sum(scale*dy*xhat) over n values (see BwdBuffers in norm.h). Inference writes the
+// statistics' gradients instead and leaves dx = scale*rstd*dy (c1 = c2 = 0).
+template <typename T>
+JAXDNN_ALWAYS_INLINE void group_coefficients(const BwdView<T>& v, int64_t group, double n,
+                                             double sg, double sgx, S<T>* c1, S<T>* c2) {
+  const double r = double(rstd_of<T>(v.var[group], v.eps));
+  if (!v.training) {
+    v.dmean_out[group] = S<T>(-r * sg);
+    v.dvar_out[group] = S<T>(-0.5 * r * r * sgx);
+    *c1 = *c2 = 0;
+    return;
+  }
+  *c1 = S<T>((2.0 * double(v.dvar[group]) - r * r * sgx) / n);
+  *c2 = v.centered ? S<T>((double(v.dmean[group]) - r * sg) / n) : S<T>(0);
+}
+
+// ---- Paths (explicitly instantiated for float, double, f16_t, bf16_t) ------------------------
+
+// Row path (cpu_row.cc). Training computes the statistics; inference reads them.
+template <typename T> void row_forward(const FwdView<T>& v, bool training, const Parallel& par);
+template <typename T> void row_backward(const BwdView<T>& v, const Parallel& par);
+// Backward row slices per affine row on the CPU (<= row_bwd_max_slices).
+inline int64_t row_bwd_slices(const Shape& s) {
+  return std::min<int64_t>(row_bwd_max_slices(s), 32);
+}
+
+// Column path (cpu_column.cc): partial statistics / gradient sums into ws0, ws1; elementwise
+// output passes reading the merged statistics / coefficients.
+template <typename T> void column_stats(const FwdView<T>& v, const Parallel& par);
+template <typename T> void column_apply(const FwdView<T>& v, const Parallel& par);
+template <typename T> void column_grads(const BwdView<T>& v, const Parallel& par);
+template <typename T> void column_dx(const BwdView<T>& v, const Parallel& par);
+
+// Segment path (cpu_segment.cc), same roles.
+template <typename T> void segment_stats(const FwdView<T>& v, const Parallel& par);
+template <typename T> void segment_apply(const FwdView<T>& v, const Parallel& par);
+template <typename T> void segment_grads(const BwdView<T>& v, const Parallel& par);
+template <typename T> void segment_dx(const BwdView<T>& v, const Parallel& par);
+
+#define JAXDNN_NORM_CPU_INSTANTIATE(fn, View)                                 \
+  template void fn<float>(const View<float>&, const Parallel&);               \
+  template void fn<double>(const View<double>&, const Parallel&);             \
+  template void fn<f16_t>(const View<f16_t>&, const Parallel&);               \
+  template void fn<bf16_t>(const View<bf16_t>&, const Parallel&)
+
+}  // namespace jaxdnn::norm::cpu

@@ -1,0 +1,250 @@
+// CUDA norm entry points: pick the path (norm.h), enqueue its passes, and merge the partials.
+//
+// Merge kernels (fixed combination order, so results are bitwise reproducible):
+//   stats   one block per group (p, c): threads take the (slice, k) partials in strides,
+//           Chan-merge them in double, then tree-merge across the block -> mean, var.
+//   grads   one block per group: sg = sum scale*sum(dy), sgx = sum scale*sum(dy*xhat) in
+//           double, block sums -> dx coefficients (or the inference statistics' gradients).
+//   params  block (32 columns x 8 row splits) per column tile and affine row q: each thread
+//           sums every 8th partial row in double, the 8 splits are added in order.
+//           Traffic: read the partials once.
+
+#include <limits>
+
+#include "cc/norm/cuda_kernels.cuh"
+#include "cc/norm/cuda_norm.h"
+
+namespace jaxdnn::norm {
+namespace cuda_impl {
+namespace {
+
+constexpr int kMergeThreads = 256;
+
+template <typename D>
+__global__ void __launch_bounds__(kMergeThreads) stats_merge_kernel(Fwd<D> f, int64_t slices,
+                                                                    int64_t rps) {
+  __shared__ Moments<double> sm[kMergeThreads];
+  const Shape& s = f.s;
+  const int tid = threadIdx.x;
+  for (int64_t grp = blockIdx.x; grp < s.groups(); grp += gridDim.x) {
+    const int64_t p = grp / s.C, c = grp % s.C;
+    Moments<double> m{0, 0, 0};
+    for (int64_t i = tid; i < slices * s.K; i += kMergeThreads) {
+      const int64_t sl = i / s.K, k = i % s.K, off = (p * slices + sl) * s.CK() + c * s.K + k;
+      const int64_t rows = rps < s.A - sl * rps ? rps : s.A - sl * rps;
+      m.merge(double(rows * s.T), f.ws0[off], f.ws1[off]);
+    }
+    m = merge_group(m, sm, 0, tid, kMergeThreads, 1);
+    if (tid == 0) {
+      f.mean[grp] = A<D>(m.mean);
+      f.var[grp] = A<D>(m.m2 / m.n);
+    }
+    __syncthreads();  // sm is reused by the next group
+  }
+}
+
+template <typename D>
+__global__ void __launch_bounds__(kMergeThreads) grad_merge_kernel(Bwd<D> b, int64_t slices) {
+  using Acc = A<D>;
+  __shared__ double scratch[32];
+  const Shape& s = b.s;
+  const int tid = threadIdx.x;
+  for (int64_t grp = blockIdx.x; grp < s.groups(); grp += gridDim.x) {
+    const int64_t p = grp / s.C, c = grp % s.C;
+    const Acc* scale = b.scale + (p / s.Pq() * s.C + c) * s.K;
+    double sg = 0, sgx = 0;
+    for (int64_t i = tid; i < slices * s.K; i += kMergeThreads) {
+      const int64_t sl = i / s.K, k = i % s.K, off = (p * slices + sl) * s.CK() + c * s.K + k;
+      sg += double(scale[k]) * double(b.ws1[off]);
+      sgx += double(scale[k]) * double(b.ws0[off]);
+    }
+    sg = cuda::block_reduce(sg, cuda::SumOp{}, 0.0, scratch);
+    sgx = cuda::block_reduce(sgx, cuda::SumOp{}, 0.0, scratch);
+    Acc c1, c2;
+    b.coef_fn(grp, Acc(s.group_size()), rstd_of<D>(b.var[grp], b.eps), Acc(sg), Acc(sgx), &c1,
+              &c2, tid == 0);
+    if (tid == 0) {
+      b.coef[2 * grp] = c1;
+      b.coef[2 * grp + 1] = c2;
+    }
+  }
+}
+
+constexpr int kParamCols = 32, kParamSplits = 8;
+
+// dscale[q, j] = sum_r ws0[(q*R + r)*CK + j], dbias likewise from ws1.
+template <typename Acc>
+__global__ void __launch_bounds__(kParamCols* kParamSplits)
+    param_reduce_kernel(const Acc* ws0, const Acc* ws1, Acc* dscale, Acc* dbias, int64_t R,
+                        int64_t CK, int64_t tiles) {
+  __shared__ double part[2][kParamSplits][kParamCols];  // (ws plane, split, column)
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t q = blockIdx.x / tiles, j = blockIdx.x % tiles * kParamCols + tx;
+  double a0 = 0, a1 = 0;
+  if (j < CK)
+    for (int64_t r = ty; r < R; r += kParamSplits) {
+      a0 += double(ws0[(q * R + r) * CK + j]);
+      a1 += double(ws1[(q * R + r) * CK + j]);
+    }
+  part[0][ty][tx] = a0;
+  part[1][ty][tx] = a1;
+  __syncthreads();
+  if (ty != 0 || j >= CK) return;
+  for (int y = 1; y < kParamSplits; ++y) {
+    a0 += part[0][y][tx];
+    a1 += part[1][y][tx];
+  }
+  dscale[q * CK + j] = Acc(a0);
+  dbias[q * CK + j] = Acc(a1);
+}
+
+template <typename D>
+Status merge_stats(const Fwd<D>& f, cudaStream_t st) {
+  const unsigned grid = unsigned(std::min<int64_t>(f.s.groups(), 132 * 16));
+  stats_merge_kernel<D><<<grid, kMergeThreads, 0, st>>>(f, num_slices(f.s), rows_per_slice(f.s));
+  return cuda::check_launch("norm stats_merge_kernel");
+}
+
+template <typename D>
+Status merge_grads(const Bwd<D>& b, cudaStream_t st) {
+  const unsigned grid = unsigned(std::min<int64_t>(b.s.groups(), 132 * 16));
+  grad_merge_kernel<D><<<grid, kMergeThreads, 0, st>>>(b, num_slices(b.s));
+  return cuda::check_launch("norm grad_merge_kernel");
+}
+
+template <typename Acc>
+Status reduce_params(const Acc* ws0, const Acc* ws1, Acc* dscale, Acc* dbias, const Shape& s,
+                     int64_t R, cudaStream_t st) {
+  const int64_t tiles = (s.CK() + kParamCols - 1) / kParamCols;
+  if (s.Q * tiles == 0) return Status::Ok();
+  param_reduce_kernel<Acc><<<unsigned(s.Q * tiles), dim3(kParamCols, kParamSplits), 0, st>>>(
+      ws0, ws1, dscale, dbias, R, s.CK(), tiles);
+  return cuda::check_launch("norm param_reduce_kernel");
+}
+
+// Runs the steps in order, stopping at the first failure.
+template <typename... Steps>
+Status run_steps(Steps&&... steps) {
+  Status st;
+  ((st.ok() ? (st = steps()) : st), ...);
+  return st;
+}
+
+Status memset_bytes(void* p, int value, int64_t bytes, cudaStream_t st) {
+  if (bytes == 0) return Status::Ok();
+  cudaError_t e = cudaMemsetAsync(p, value, size_t(bytes), st);
+  if (e != cudaSuccess)
+    return Status::Error(std::string("norm: memset failed: ") + cudaGetErrorString(e));
+  return Status::Ok();
+}
+
+template <typename D>
+Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_t st) {
+  using Acc = A<D>;
+  auto* ws = static_cast<double*>(b.ws);
+  const Fwd<D> f{p.s, p.centered, training, Acc(p.eps), static_cast<const D*>(b.x),
+                 static_cast<const Acc*>(b.scale), static_cast<const Acc*>(b.bias),
+                 static_cast<D*>(b.y), static_cast<Acc*>(b.mean), static_cast<Acc*>(b.var),
+                 ws, ws ? ws + fwd_partials(p.s) : nullptr};
+  if (p.s.elems() == 0) {  // empty groups: NaN statistics (0xFF bytes are NaN)
+    if (!training) return Status::Ok();
+    return run_steps([&] { return memset_bytes(f.mean, 0xFF, p.s.groups() * sizeof(Acc), st); },
+                     [&] { return memset_bytes(f.var, 0xFF, p.s.groups() * sizeof(Acc), st); });
+  }
+  switch (path_of(p.s)) {
+    case Path::kRow:
+      return row_forward(f, st);
+    case Path::kColumn:
+      if (!training) return column_apply(f, st);
+      return run_steps([&] { return column_stats(f, st); }, [&] { return merge_stats(f, st); },
+                       [&] { return column_apply(f, st); });
+    case Path::kSegment:
+      if (!training) return segment_apply(f, st);
+      return run_steps([&] { return segment_stats(f, st); }, [&] { return merge_stats(f, st); },
+                       [&] { return segment_apply(f, st); });
+  }
+  return Status::Error("norm: unknown path");
+}
+
+template <typename D>
+Status backward(const Problem& p, const BwdBuffers& b, cudaStream_t st) {
+  using Acc = A<D>;
+  const Shape& s = p.s;
+  auto* ws = static_cast<Acc*>(b.ws);
+  const int64_t plane = bwd_partials(s);
+  const bool row = path_of(s) == Path::kRow;
+  const GradCoef<Acc> coef_fn{b.training, p.centered, static_cast<const Acc*>(b.dmean),
+                              static_cast<const Acc*>(b.dvar), static_cast<Acc*>(b.dmean_out),
+                              static_cast<Acc*>(b.dvar_out)};
+  const Bwd<D> v{s, p.centered, Acc(p.eps), static_cast<const D*>(b.dy),
+                 static_cast<const D*>(b.x), static_cast<const Acc*>(b.scale),
+                 static_cast<const Acc*>(b.mean), static_cast<const Acc*>(b.var),
+                 static_cast<D*>(b.dx), coef_fn, ws, ws ? ws + plane : nullptr,
+                 (row || !ws) ? nullptr : ws + 2 * plane};
+  auto* dscale = static_cast<Acc*>(b.dscale);
+  auto* dbias = static_cast<Acc*>(b.dbias);
+  if (s.elems() == 0) {  // every sum is empty
+    const int64_t pb = s.Q * s.CK() * sizeof(Acc), gb = s.groups() * sizeof(Acc);
+    auto stat_grad = [&](void* out) {  // inference only: d(mean), d(var)
+      return b.training ? Status::Ok() : memset_bytes(out, 0, gb, st);
+    };
+    return run_steps([&] { return memset_bytes(dscale, 0, pb, st); },
+                     [&] { return memset_bytes(dbias, 0, pb, st); },
+                     [&] { return stat_grad(b.dmean_out); }, [&] { return stat_grad(b.dvar_out); });
+  }
+  switch (path_of(s)) {
+    case Path::kRow: {
+      const int64_t slices = row_bwd_slices(s);
+      return run_steps([&] { return row_backward(v, slices, st); },
+                       [&] { return reduce_params(v.ws0, v.ws1, dscale, dbias, s, slices, st); });
+    }
+    case Path::kColumn:
+      return run_steps([&] { return column_grads(v, st); }, [&] { return merge_grads(v, st); },
+                       [&] {
+                         return reduce_params(v.ws0, v.ws1, dscale, dbias, s,
+                                              s.Pq() * num_slices(s), st);
+                       },
+                       [&] { return column_dx(v, st); });
+    case Path::kSegment:
+      return run_steps([&] { return segment_grads(v, st); }, [&] { return merge_grads(v, st); },
+                       [&] {
+                         return reduce_params(v.ws0, v.ws1, dscale, dbias, s,
+                                              s.Pq() * num_slices(s), st);
+                       },
+                       [&] { return segment_dx(v, st); });
+  }
+  return Status::Error("norm: unknown path");
+}
+
+template <typename Fn>
+Status with_dtype(const Problem& p, const char* what, Fn&& fn) {
+  Status st = validate(p.s);
+  if (!st.ok()) return Status::Error(std::string("norm ") + what + ": " + st.message);
+  Status out;
+  if (!dispatch_io(p.dtype, p.dtype, [&](auto tag, auto) { out = fn(device_t<decltype(tag)>{}); }))
+    return Status::Error(std::string("norm ") + what + ": unsupported dtype " +
+                         dtype_name(p.dtype));
+  return out;
+}
+
+}  // namespace
+}  // namespace cuda_impl
+
+Status cuda_forward(const Problem& p, const FwdBuffers& b, cudaStream_t stream) {
+  return cuda_impl::with_dtype(p, "forward", [&](auto tag) {
+    return cuda_impl::forward<decltype(tag)>(p, b, /*training=*/true, stream);
+  });
+}
+
+Status cuda_inference(const Problem& p, const FwdBuffers& b, cudaStream_t stream) {
+  return cuda_impl::with_dtype(p, "inference", [&](auto tag) {
+    return cuda_impl::forward<decltype(tag)>(p, b, /*training=*/false, stream);
+  });
+}
+
+Status cuda_backward(const Problem& p, const BwdBuffers& b, cudaStream_t stream) {
+  return cuda_impl::with_dtype(
+      p, "backward", [&](auto tag) { return cuda_impl::backward<decltype(tag)>(p, b, stream); });
+}
+
+}  // namespace jaxdnn::norm

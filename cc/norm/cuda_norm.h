@@ -1,0 +1,17 @@
+// CUDA entry points of the norm kernels (cc/norm/norm.h describes the problem and buffers).
+// Each only enqueues kernels (and memsets) on `stream`: no allocation, no synchronisation, so
+// a caller can capture it in a CUDA graph. Results are deterministic.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cc/common/status.h"
+#include "cc/norm/norm.h"
+
+namespace jaxdnn::norm {
+
+Status cuda_forward(const Problem& p, const FwdBuffers& b, cudaStream_t stream);
+Status cuda_inference(const Problem& p, const FwdBuffers& b, cudaStream_t stream);
+Status cuda_backward(const Problem& p, const BwdBuffers& b, cudaStream_t stream);
+
+}  // namespace jaxdnn::norm

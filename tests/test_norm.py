@@ -1,0 +1,495 @@
+"""Normalisation ops against float64 numpy / jnp references, on every platform."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.flatten_util import ravel_pytree
+from jax.test_util import check_grads
+
+import jaxdnn
+from jaxdnn import _ffi
+from tests.util import DTYPES, PLATFORMS, TOL, assert_close, on, rand
+
+EPS = float(np.float32(1e-5))  # the ops use eps as float32; so do the references
+
+
+# ----------------------------------------------------------------------------------------------
+# Cases: one op, one layout, one shape. `reduce` are the statistics axes of x, `pshape` the
+# shape of scale/bias and `pexpand` how they broadcast against x; the references below are
+# written from these alone, independently of the canonical form the ops use.
+# ----------------------------------------------------------------------------------------------
+
+class Case:
+    def __init__(self, op, shape, reduce, pshape, pexpand, **kw):
+        self.op, self.shape, self.reduce, self.pshape, self.pexpand, self.kw = (
+            op, shape, reduce, pshape, pexpand, kw)
+
+    def __repr__(self):
+        extra = ",".join(f"{k}={v}" for k, v in self.kw.items())
+        return f"{self.op}{self.shape}{extra and ':' + extra}"
+
+    @property
+    def centered(self):
+        return self.op != "rms_norm"
+
+    def run(self, x, s, b, **extra):
+        """The jaxdnn op; batch_norm returns (y, mean, var), the others y."""
+        f = getattr(jaxdnn, self.op)
+        if self.op == "rms_norm":
+            return f(x, s, **self.kw, **extra)
+        return f(x, s, b, **self.kw, **extra)
+
+
+def _ln(shape, axis=-1):
+    axes = tuple(sorted(a % len(shape) for a in (axis if isinstance(axis, tuple) else (axis,))))
+    pshape = tuple(shape[a] for a in axes)
+    expand = lambda p, nd=len(shape): p.reshape([shape[a] if a in axes else 1 for a in range(nd)])
+    return axes, pshape, expand
+
+
+def layer_case(op, shape, axis=-1):
+    axes, pshape, expand = _ln(shape, axis)
+    return Case(op, shape, axes, pshape, expand, axis=axis)
+
+
+def batch_case(shape, axis=-1):
+    ax = axis % len(shape)
+    reduce = tuple(a for a in range(len(shape)) if a != ax)
+    expand = lambda p: p.reshape([shape[a] if a == ax else 1 for a in range(len(shape))])
+    return Case("batch_norm", shape, reduce, (shape[ax],), expand, axis=axis)
+
+
+def group_case(shape, groups, layout=None):
+    channels_first = layout is not None and layout[1] == "C" and len(shape) > 2
+    c = shape[1] if channels_first else shape[-1]
+    return Case("group_norm", shape, None, (c,), None, groups=groups, layout=layout)
+
+
+# (RMS norm of a single value, x / sqrt(x^2 + eps), has a derivative that is pure cancellation
+# in any float32 evaluation; its size-1 case keeps the size-1 dim out of the normalised axes.)
+LAYER = [layer_case(op, s, ax) for op in ("layer_norm", "rms_norm") for s, ax in [
+    ((5, 7, 33), -1), ((3, 1) if op == "layer_norm" else (3, 1, 4), -1), ((4, 1000), -1),
+    ((3, 4096), -1), ((2, 6, 5), (1, 2)), ((6, 5, 4), 0), ((2, 40003), -1)]]
+BATCH = [batch_case(s, ax) for s, ax in [
+    ((4, 5, 6, 3), -1), ((4, 3, 5, 6), 1), ((7, 5), -1), ((3, 1000, 7), -1), ((1, 1, 1, 3), -1),
+    ((2, 3, 4, 5, 2), -1), ((3, 2, 5, 3, 4), 1), ((2, 3, 1037), 1)]]
+GROUP = [group_case(s, g, lay) for s, g, lay in [
+    ((2, 5, 6, 8), 4, None), ((2, 8, 5, 6), 4, "NCHW"), ((3, 5, 6), 6, "NWC"),
+    ((3, 6, 5), 3, "NCW"), ((2, 4, 3, 5, 6), 1, "NCDHW"), ((4, 12), 3, "NC"),
+    ((2, 3, 3, 2, 8), 8, "NDHWC"), ((1, 33, 2), 2, None)]]
+CASES = LAYER + BATCH + GROUP
+# Forward only: one value per channel (variance 0, so rstd = 1/sqrt(eps) and every gradient
+# term is a cancellation of values ~300x larger than the result).
+FORWARD_ONLY = [batch_case((5,), 0)]
+
+
+def _group_axes(case):
+    """(x reshaped to expose groups, statistics axes, reshape back) for a group_norm case."""
+    shape, g = case.shape, case.kw["groups"]
+    lay = case.kw["layout"]
+    cf = lay is not None and lay[1] == "C" and len(shape) > 2
+    c = shape[1] if cf else shape[-1]
+    if cf:  # (N, G, C/G, spatial...)
+        gshape = (shape[0], g, c // g, *shape[2:])
+        axes = tuple(range(2, len(gshape)))
+    else:  # (N, spatial..., G, C/G)
+        gshape = (*shape[:-1], g, c // g)
+        axes = tuple(a for a in range(1, len(gshape)) if a != len(gshape) - 2)
+    return gshape, axes, cf
+
+
+def reference(case, x, s, b):
+    """float64 numpy: y (and, for batch norm, mean and biased var)."""
+    x = np.asarray(x, np.float64)
+    s, b = np.asarray(s, np.float64), np.asarray(b, np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if case.op == "group_norm":
+            gshape, axes, cf = _group_axes(case)
+            xg = x.reshape(gshape)
+            m = xg.mean(axes, keepdims=True)
+            v = ((xg - m) ** 2).mean(axes, keepdims=True)
+            xh = ((xg - m) / np.sqrt(v + EPS)).reshape(x.shape)
+            bshape = [1] * x.ndim
+            bshape[1 if cf else -1] = -1
+            return xh * s.reshape(bshape) + b.reshape(bshape)
+        m = x.mean(case.reduce, keepdims=True) if case.centered else 0.0
+        v = ((x - m) ** 2).mean(case.reduce, keepdims=True)
+        y = (x - m) / np.sqrt(v + EPS) * case.pexpand(s)
+        if case.centered:  # RMS norm has no bias
+            y = y + case.pexpand(b)
+        if case.op == "batch_norm":
+            return y, np.reshape(m, -1), np.reshape(v, -1)
+        return y
+
+
+@functools.cache
+def jnp_reference(case):
+    """The op in jnp (float64 inputs), for gradient references."""
+    def f(x, s, b):
+        if case.op == "group_norm":
+            gshape, axes, cf = _group_axes(case)
+            xg = x.reshape(gshape)
+            m = xg.mean(axes, keepdims=True)
+            v = jnp.square(xg - m).mean(axes, keepdims=True)
+            xh = ((xg - m) * lax.rsqrt(v + EPS)).reshape(x.shape)
+            bshape = [1] * x.ndim
+            bshape[1 if cf else -1] = -1
+            return xh * s.reshape(bshape) + b.reshape(bshape)
+        m = x.mean(case.reduce, keepdims=True) if case.centered else 0.0
+        v = jnp.square(x - m).mean(case.reduce, keepdims=True)
+        y = (x - m) * lax.rsqrt(v + EPS) * case.pexpand(s)
+        if case.centered:
+            y = y + case.pexpand(b)
+        if case.op == "batch_norm":
+            return y, jnp.reshape(m, -1), jnp.reshape(v, -1)
+        return y
+    return f
+
+
+def _stat(dtype):
+    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+
+
+def _inputs(case, dtype, seed=0):
+    """x, and scale/bias in the statistics dtype (float64 for float64 x, else float32)."""
+    rng = np.random.default_rng(seed)
+    x = rand(rng, case.shape, dtype, scale=2.0, offset=0.5)
+    s = rand(rng, case.pshape, _stat(dtype))
+    b = rand(rng, case.pshape, _stat(dtype))
+    return x, s, b
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward and backward against the references
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", CASES + FORWARD_ONLY, ids=repr)
+def test_forward(case, dtype, platform):
+    x, s, b = _inputs(case, dtype)
+    out = jax.jit(case.run)(*on(platform, x, s, b))
+    ref = reference(case, x, s, b)
+    if case.op == "batch_norm":
+        y, mean, var = out
+        ref_y, ref_m, ref_v = ref
+        sd = _stat(dtype)
+        assert mean.dtype == sd and var.dtype == sd
+        tol = max(TOL[np.dtype(sd)], 1e-6)
+        assert_close(mean, ref_m, sd, tol=tol, what="mean")
+        assert_close(var, ref_v, sd, tol=tol, what="var")
+    else:
+        y, ref_y = out, ref
+    assert y.dtype == np.dtype(dtype) and y.shape == x.shape
+    assert_close(y, ref_y, dtype, what="y")
+
+
+@functools.cache
+def _vjp_fn(case, f):
+    """Jitted (args, cotangents) -> (dx, dscale, dbias); cached so that every dtype of a case
+    shares one compiled float64 reference."""
+    @jax.jit
+    def run(args, cts):
+        _, vjp = jax.vjp(f, *args)
+        return vjp(tuple(cts) if case.op == "batch_norm" else cts[0])
+    return run
+
+
+def _vjp(case, f, args, cts):
+    return _vjp_fn(case, f)(args, cts)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_backward(case, dtype, platform):
+    """dx, dscale, dbias (and the statistics outputs' cotangents for batch norm)."""
+    x, s, b = _inputs(case, dtype)
+    rng = np.random.default_rng(1)
+    cts = [rand(rng, case.shape, dtype)]
+    if case.op == "batch_norm":
+        cts += [rand(rng, case.pshape, _stat(dtype)), rand(rng, case.pshape, _stat(dtype))]
+    dx, ds, db = _vjp(case, case.run, [on(platform, a) for a in (x, s, b)],
+                      [on(platform, c) for c in cts])
+    f64 = lambda a: jnp.asarray(np.asarray(a, np.float64))
+    with jax.default_device(jax.devices("cpu")[0]):
+        rdx, rds, rdb = _vjp(case, jnp_reference(case), [f64(a) for a in (x, s, b)],
+                             [f64(c) for c in cts])
+    assert dx.dtype == np.dtype(dtype) and ds.dtype == _stat(dtype)
+    assert_close(dx, rdx, dtype, what="dx")
+    assert_close(ds, rds, dtype, what="dscale")
+    if case.centered:
+        assert_close(db, rdb, dtype, what="dbias")
+    else:
+        np.testing.assert_array_equal(db, 0)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape,axis", [((4, 5, 3), -1), ((3, 4, 5, 6), 1), ((2000, 3), 0)])
+def test_batch_norm_inference(shape, axis, dtype, platform):
+    rng = np.random.default_rng(2)
+    c = shape[axis]
+    x = rand(rng, shape, dtype)
+    s, b, m = (rand(rng, (c,), _stat(dtype)) for _ in range(3))
+    v = np.abs(rand(rng, (c,), _stat(dtype))) + 0.1
+    bshape = [1] * len(shape)
+    bshape[axis] = c
+    ex = lambda p: np.asarray(p, np.float64).reshape(bshape)
+    y = jax.jit(lambda *a: jaxdnn.batch_norm_inference(*a, axis=axis))(*on(platform, x, s, b, m, v))
+    ref = (np.asarray(x, np.float64) - ex(m)) / np.sqrt(ex(v) + EPS) * ex(s) + ex(b)
+    assert_close(y, ref, dtype, what="y")
+    ct = rand(rng, shape, dtype)
+    grads = jax.jit(lambda a, ct: jax.vjp(lambda *a: jaxdnn.batch_norm_inference(*a, axis=axis),
+                                          *a)[1](ct))(on(platform, x, s, b, m, v), on(platform, ct))
+    f64 = lambda a: jnp.asarray(np.asarray(a, np.float64))
+    with jax.default_device(jax.devices("cpu")[0]):
+        def jref(x, s, b, m, v):
+            r = s.reshape(bshape) * lax.rsqrt(v.reshape(bshape) + EPS)
+            return (x - m.reshape(bshape)) * r + b.reshape(bshape)
+        rgrads = jax.jit(lambda a, ct: jax.vjp(jref, *a)[1](ct))(tuple(map(f64, (x, s, b, m, v))),
+                                                                 f64(ct))
+    for g, r, name in zip(grads, rgrads, ("dx", "dscale", "dbias", "dmean", "dvar")):
+        assert_close(g, r, dtype, what=name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Numerics: NaN/inf, constant groups, large offsets
+# ----------------------------------------------------------------------------------------------
+
+NUMERIC_CASES = [layer_case("layer_norm", (4, 37)), layer_case("rms_norm", (4, 37)),
+                 layer_case("layer_norm", (3, 2500)), batch_case((40, 5)),
+                 batch_case((3, 4, 37), 1), group_case((2, 6, 4), 2),
+                 group_case((2, 4, 6), 2, "NCW")]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", NUMERIC_CASES, ids=repr)
+def test_nan_inf_propagate(case, dtype, platform):
+    x, s, b = _inputs(case, dtype)
+    x = np.array(x)
+    flat = x.reshape(-1)
+    flat[1] = np.nan
+    flat[-2] = np.inf
+    out = jax.jit(case.run)(*on(platform, x, s, b))
+    y = out[0] if case.op == "batch_norm" else out
+    assert_close(y, reference(case, x, s, b)[0] if case.op == "batch_norm"
+                 else reference(case, x, s, b), dtype, what="y")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", NUMERIC_CASES, ids=repr)
+def test_constant_groups(case, dtype, platform):
+    """Zero variance: y is exactly the bias (finite), and so is the gradient."""
+    _, s, b = _inputs(case, dtype)
+    x = np.full(case.shape, 3.0, dtype)
+    xd, sd, bd = on(platform, x, s, b)
+    out = jax.jit(case.run)(xd, sd, bd)
+    y = np.asarray(out[0] if case.op == "batch_norm" else out, np.float64)
+    ref = reference(case, x, s, b)
+    ref = ref[0] if case.op == "batch_norm" else ref
+    assert np.isfinite(y).all()
+    np.testing.assert_allclose(y, ref, atol=TOL[np.dtype(dtype)] * 10 + 1e-6)
+    g = jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(jax.tree_util.tree_leaves(
+        case.run(x, sd, bd))[0]))))(xd)
+    assert np.isfinite(np.asarray(g, np.float64)).all()
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", [layer_case("layer_norm", (3, 5000)), batch_case((3000, 4)),
+                                  batch_case((4, 3, 777), 1), group_case((2, 300, 8), 2),
+                                  group_case((2, 8, 300), 4, "NCW")], ids=repr)
+def test_large_offset(case, dtype, platform):
+    """Mean 1e4, unit spread. E[x^2] - E[x]^2 in float32 would lose every digit of the
+    variance (its rounding error is ~1e8 * 6e-8 = 6 against a variance of 1); the one-pass
+    stable algorithms keep the variance to float32 accuracy. y is then limited by the float32
+    rounding of the mean itself (ulp(1e4)/2 = 5e-4 against a unit spread), as in any float32
+    implementation that stores the mean."""
+    rng = np.random.default_rng(3)
+    x = rand(rng, case.shape, dtype, offset=1e4)
+    s, b = (rand(rng, case.pshape, _stat(dtype)) for _ in range(2))
+    out = jax.jit(case.run)(*on(platform, x, s, b))
+    ref = reference(case, x, s, b)
+    f32 = np.dtype(dtype) == np.float32
+    if case.op == "batch_norm":
+        assert_close(out[1], ref[1], dtype, what="mean")
+        assert_close(out[2], ref[2], dtype, what="var")
+        out, ref = out[0], ref[0]
+    assert_close(out, ref, dtype, tol=1e-3 if f32 else None, what="y")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_empty(platform):
+    x, s, b = on(platform, np.zeros((0, 8), np.float32), np.ones(8, np.float32),
+                 np.zeros(8, np.float32))
+    assert jaxdnn.layer_norm(x, s, b).shape == (0, 8)
+    y, m, v = jaxdnn.batch_norm(x, s, b)
+    assert y.shape == (0, 8) and np.isnan(np.asarray(m)).all() and np.isnan(np.asarray(v)).all()
+    g = jax.grad(lambda s: jaxdnn.batch_norm(x, s, b)[0].sum())(s)
+    np.testing.assert_array_equal(g, np.zeros(8))
+    g = jax.grad(lambda m: jaxdnn.batch_norm_inference(x, s, b, m, s).sum())(s)
+    np.testing.assert_array_equal(g, np.zeros(8))
+    assert jaxdnn.group_norm(on(platform, np.zeros((2, 0, 4), np.float32)), None, None,
+                             groups=2).shape == (2, 0, 4)
+
+
+# ----------------------------------------------------------------------------------------------
+# Transformations: our backward kernels run, jvp, vmap, vmap(grad), check_grads
+# ----------------------------------------------------------------------------------------------
+
+def _loss(case):
+    def f(x, s, b):
+        out = case.run(x, s, b)
+        if case.op == "batch_norm":
+            y, m, v = out
+            return jnp.sum(jnp.sin(y)) + jnp.sum(m * v)
+        return jnp.sum(jnp.sin(out))
+    return f
+
+
+# One case per op and kernel path (row, column, segment).
+GRAD_CASES = [layer_case("layer_norm", (3, 4, 5), (1, 2)), layer_case("rms_norm", (4, 6)),
+              batch_case((40, 3)), batch_case((3, 2, 4), 1), group_case((2, 3, 4), 2),
+              group_case((2, 4, 3), 2, "NCW")]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=repr)
+def test_grad_runs_backward_kernel(case):
+    x, s, b = _inputs(case, jnp.float32)
+    text = jax.jit(jax.grad(_loss(case), argnums=(0, 1, 2))).lower(x, s, b).as_text()
+    assert "jaxdnn_norm_bwd" in text
+    assert "jaxdnn_norm_fwd" in text
+
+
+def test_inference_grad_runs_backward_kernel():
+    args = [np.ones((4, 3), np.float32)] + [np.ones(3, np.float32)] * 4
+    f = lambda *a: jaxdnn.batch_norm_inference(*a).sum()
+    assert "jaxdnn_norm_infer_bwd" in jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4))).lower(
+        *args).as_text()
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_check_grads(platform):
+    """Second order, forward and reverse, for every op and kernel path at once: one loss sums
+    the GRAD_CASES losses and batch_norm_inference's, each on its own inputs, all raveled into
+    one vector (one compiled program per derivative, and check_grads' own arithmetic on a
+    single shape)."""
+    rng = np.random.default_rng(4)
+    inputs = [_inputs(case, jnp.float64) for case in GRAD_CASES]
+    x = rand(rng, (5, 3), jnp.float64)
+    s, b, m = (rand(rng, (3,), jnp.float64) for _ in range(3))
+    inference = (x, s, b, m, np.abs(rand(rng, (3,), jnp.float64)) + 0.5)
+
+    def loss(inputs, inference):
+        total = sum(_loss(case)(*args) for case, args in zip(GRAD_CASES, inputs))
+        return total + jnp.sum(jnp.sin(jaxdnn.batch_norm_inference(*inference)))
+
+    flat, unravel = ravel_pytree((inputs, inference))
+    check_grads(jax.jit(lambda v: loss(*unravel(v))), (on(platform, flat),), order=2,
+                modes=("fwd", "rev"))
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", GRAD_CASES, ids=repr)
+def test_jvp_matches_reference(case, platform):
+    rng = np.random.default_rng(5)
+    x, s, b = _inputs(case, jnp.float64)
+    t = (rand(rng, x.shape, np.float64), rand(rng, s.shape, np.float64),
+         rand(rng, b.shape, np.float64))
+    jvp = jax.jit(lambda f, a, t: jax.jvp(f, a, t), static_argnums=0)
+    _, out = jvp(case.run, on(platform, x, s, b), on(platform, *t))
+    with jax.default_device(jax.devices("cpu")[0]):
+        _, ref = jvp(jnp_reference(case), (x, s, b), t)
+    for o, r in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+        assert_close(o, r, jnp.float64)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", GRAD_CASES, ids=repr)
+def test_vmap_and_vmap_grad(case, platform):
+    """A mapped axis keeps independent statistics per index (also with a mapped scale)."""
+    rng = np.random.default_rng(6)
+    xs = rand(rng, (3, *case.shape), jnp.float32)
+    ss = rand(rng, (3, *case.pshape), jnp.float32)
+    _, s, b = _inputs(case, jnp.float32)
+    xs, ss, s, b = on(platform, xs, ss, s, b)
+    f = jax.jit(lambda x, s: case.run(x, s, b))
+    pick = lambda a, ax, i: a if ax is None else a[i]
+    for in_axes, args in (((0, None), (xs, s)), ((0, 0), (xs, ss)), ((None, 0), (xs[0], ss))):
+        got = jax.jit(jax.vmap(f, in_axes=in_axes))(*args)
+        want = [f(*(pick(a, ax, i) for a, ax in zip(args, in_axes))) for i in range(3)]
+        for g, w in zip(jax.tree_util.tree_leaves(got),
+                        zip(*[jax.tree_util.tree_leaves(w) for w in want])):
+            assert_close(g, np.stack(w), jnp.float32)
+        grad = jax.jit(jax.grad(lambda x, s: _loss(case)(x, s, b), argnums=(0, 1)))
+        got = jax.jit(jax.vmap(grad, in_axes=in_axes))(*args)
+        want = [grad(*(pick(a, ax, i) for a, ax in zip(args, in_axes))) for i in range(3)]
+        for g, w in zip(got, zip(*want)):
+            assert_close(g, np.stack(w), jnp.float32)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", [layer_case("layer_norm", (700, 256)), batch_case((3000, 4)),
+                                  batch_case((4, 3, 777), 1)], ids=repr)
+def test_deterministic(case, platform):
+    """Bitwise identical results run to run (multi-block reductions included)."""
+    args = on(platform, *_inputs(case, jnp.float32))
+    f = jax.jit(jax.value_and_grad(_loss(case), argnums=(0, 1, 2)))
+    first, second = f(*args), f(*args)
+    for u, v in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second)):
+        np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.skipif(_ffi._cuda is None, reason="built without CUDA")
+def test_cuda_lowering():
+    x = np.ones((4, 8), np.float32)
+    f = jax.jit(jax.grad(lambda x: jaxdnn.layer_norm(x, None, None).sum()))
+    text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert "jaxdnn_norm_fwd" in text and "jaxdnn_norm_bwd" in text
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input
+# ----------------------------------------------------------------------------------------------
+
+def test_bad_input():
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match="axis"):
+        jaxdnn.layer_norm(x, None, None, axis=3)
+    with pytest.raises(ValueError, match="axis"):
+        jaxdnn.layer_norm(x, None, None, axis=(1, -2))
+    with pytest.raises(ValueError, match="axis"):
+        jaxdnn.batch_norm(x, None, None, axis=-4)
+    with pytest.raises(ValueError, match="scale"):
+        jaxdnn.layer_norm(x, np.ones(3), None)
+    with pytest.raises(ValueError, match="bias"):
+        jaxdnn.batch_norm(x, np.ones(4), np.ones(3))
+    with pytest.raises(ValueError, match="scale"):
+        jaxdnn.rms_norm(x, np.ones((2, 4)))
+    with pytest.raises(ValueError, match="mean"):
+        jaxdnn.batch_norm_inference(x, None, None, np.ones(3), np.ones(4))
+    with pytest.raises(ValueError, match="groups"):
+        jaxdnn.group_norm(x, None, None, groups=3)
+    with pytest.raises(ValueError, match="groups"):
+        jaxdnn.group_norm(x, None, None, groups=0)
+    with pytest.raises(ValueError, match="layout"):
+        jaxdnn.group_norm(x, None, None, groups=2, layout="NHWC")
+    with pytest.raises(ValueError, match="scale"):
+        jaxdnn.group_norm(x, np.ones(3), None, groups=2)
+    with pytest.raises(TypeError, match="dtype"):
+        jaxdnn.layer_norm(np.ones((2, 3), np.int32), None, None)
+    with pytest.raises(TypeError, match="scale"):
+        jaxdnn.layer_norm(x, np.ones(4, np.int32), None)
+    with pytest.raises(ValueError, match="eps"):
+        jaxdnn.layer_norm(x, None, None, eps=-1.0)
+    with pytest.raises(TypeError, match="axis"):
+        jaxdnn.batch_norm(x, None, None, axis=1.5)
