@@ -86,12 +86,12 @@ struct Problem {
   JAXDNN_POOL_HD int64_t x_elems() const { return N * in_spatial() * C; }
   JAXDNN_POOL_HD int64_t y_elems() const { return N * out_spatial() * C; }
 
+  JAXDNN_POOL_HD static int64_t clamp(int64_t v, int64_t n) { return v < 0 ? 0 : (v > n ? n : v); }
+
   // The window of output o along `axis`.
   JAXDNN_POOL_HD Span window_span(int axis, int64_t o) const {
-    const int64_t start = o * stride[axis] - pad_lo[axis];
-    const int64_t lo = start < 0 ? 0 : start;
-    const int64_t end = start + window[axis];
-    return {start, lo, end < in[axis] ? end : in[axis]};
+    const int64_t start = o * stride[axis] - pad_lo[axis], end = start + window[axis];
+    return {start, clamp(start, in[axis]), clamp(end, in[axis])};
   }
 
   // The outputs [lo, hi) whose windows contain input coordinate i along `axis` (start unused).
