@@ -36,7 +36,8 @@ window_fwd_kernel(Geom g, const T* __restrict__ x, T* __restrict__ y, Idx* __res
                   bool include_pad) {
   using A = dev_acc_t<T>;
   const int32_t items = g.N * g.out_spatial() * g.lanes;
-  for (int32_t e = blockIdx.x * kThreads + threadIdx.x; e < items; e += gridDim.x * kThreads) {
+  for (int64_t i = blockIdx.x * kThreads + threadIdx.x; i < items; i += gridDim.x * kThreads) {
+    const int32_t e = int32_t(i);  // (the 64-bit counter cannot overflow past `items`)
     int32_t lane, z, pp, q;
     const int32_t pos = g.lanes_div.divmod(e, &lane);  // output position (n, z, pp, q)
     const int32_t n = g.split(pos, g.out_div, &z, &pp, &q);
@@ -78,7 +79,8 @@ window_bwd_kernel(Geom g, const T* __restrict__ dy, const Idx* __restrict__ idx,
                   T* __restrict__ dx, bool include_pad) {
   using A = dev_acc_t<T>;
   const int32_t items = g.N * g.in_spatial() * g.lanes;
-  for (int32_t e = blockIdx.x * kThreads + threadIdx.x; e < items; e += gridDim.x * kThreads) {
+  for (int64_t i = blockIdx.x * kThreads + threadIdx.x; i < items; i += gridDim.x * kThreads) {
+    const int32_t e = int32_t(i);  // (the 64-bit counter cannot overflow past `items`)
     int32_t lane, d, h, w;
     const int32_t pos = g.lanes_div.divmod(e, &lane);  // input position (n, d, h, w)
     const int32_t n = g.split(pos, g.in_div, &d, &h, &w);
@@ -137,7 +139,8 @@ max_gather_kernel(Geom g, const T* __restrict__ t, const Idx* __restrict__ idx,
                   T* __restrict__ y) {
   const int32_t items = g.N * g.out_spatial() * g.C;  // lanes == C: one channel per thread
   const int32_t RS = g.window[1] * g.window[2];
-  for (int32_t e = blockIdx.x * kThreads + threadIdx.x; e < items; e += gridDim.x * kThreads) {
+  for (int64_t i = blockIdx.x * kThreads + threadIdx.x; i < items; i += gridDim.x * kThreads) {
+    const int32_t e = int32_t(i);  // (the 64-bit counter cannot overflow past `items`)
     int32_t c, z, pp, q;
     const int32_t pos = g.lanes_div.divmod(e, &c);
     const int32_t n = g.split(pos, g.out_div, &z, &pp, &q);
