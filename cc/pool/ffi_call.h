@@ -4,7 +4,7 @@
 //
 // Every pooling target has the same binding: its operands and results (how many depends on
 // the op, see pool.h) and the attributes window, stride, pad_lo, pad_hi (3 ints each, for the
-// canonical (N, D, H, W, C) layout) and count_include_pad.
+// canonical (N, D, H, W, C) problem of pool.h) and count_include_pad.
 #pragma once
 
 #include <optional>
@@ -70,20 +70,24 @@ inline ffi::Error decode_pool_call(pool::Op op, const ffi::RemainingArgs& args,
     index = **i;
   }
 
-  // x-like (N, D, H, W, C) and y-like (N, Z, P, Q, C) shapes by role.
+  // x-like (N, *spatial, C) and y-like (N, *out_spatial, C) shapes by role, rank 3 to 5;
+  // missing leading spatial dims are 1 (the attributes always have 3 entries).
   const bool reads_y = op == pool::Op::kMaxScatter || op == pool::Op::kAvgBwd;
   const ffi::AnyBuffer& data = *a;
   const ffi::AnyBuffer& result = *call->results[0];
   I64Span x = reads_y ? result.dimensions() : data.dimensions();
   I64Span y = reads_y ? data.dimensions() : result.dimensions();
-  if (x.size() != 5 || y.size() != 5 || x[0] != y[0] || x[4] != y[4])
-    return invalid(where + "operands must be rank 5, (N, D, H, W, C) and (N, Z, P, Q, C)");
+  const size_t rank = x.size();
+  if (rank < 3 || rank > 5 || y.size() != rank || x[0] != y[0] || x[rank - 1] != y[rank - 1])
+    return invalid(where + "operands must be (N, *spatial, C) and (N, *out_spatial, C) with 1 "
+                           "to 3 spatial dims");
   pool::Problem& p = call->args.p;
   p.N = x[0];
-  p.C = x[4];
-  for (int i = 0; i < 3; ++i) {
-    p.in[i] = x[1 + i];
-    p.out[i] = y[1 + i];
+  p.C = x[rank - 1];
+  const size_t lead = 5 - rank;  // leading spatial dims of size 1
+  for (size_t i = 0; i < 3; ++i) {
+    p.in[i] = i < lead ? 1 : x[1 + i - lead];
+    p.out[i] = i < lead ? 1 : y[1 + i - lead];
     p.window[i] = at.window[i];
     p.stride[i] = at.stride[i];
     p.pad_lo[i] = at.pad_lo[i];
@@ -98,8 +102,8 @@ inline ffi::Error decode_pool_call(pool::Op op, const ffi::RemainingArgs& args,
                            "bfloat16)");
   if (index) {
     I64Span d = index->dimensions();
-    bool same = d.size() == 5;
-    for (size_t i = 0; same && i < 5; ++i) same = d[i] == y[i];
+    bool same = d.size() == rank;
+    for (size_t i = 0; same && i < rank; ++i) same = d[i] == y[i];
     if (!same)
       return invalid(where + "the index operand must have the output's shape");
     const int64_t win = p.window_size();

@@ -1,8 +1,8 @@
 """Pooling: public API, primitives, autodiff and batching rules.
 
-Six primitives on canonical rank-5 channels-last operands (``cc/pool/pool.h``)::
+Six primitives on channels-last operands of rank 3 to 5 (``cc/pool/pool.h``)::
 
-    pool_max_fwd_p(x)              -> y            x (N, D, H, W, C), y (N, Z, P, Q, C)
+    pool_max_fwd_p(x)              -> y            x (N, *spatial, C), y (N, *out_spatial, C)
     pool_max_fwd_index_p(x)        -> (y, idx)     idx: window index of the selected element
     pool_max_gather_p(t, idx)      -> y-shaped     t at each selected element   (linear in t)
     pool_max_scatter_p(dy, idx)    -> x-shaped     dy routed to the selected elements (linear)
@@ -50,12 +50,14 @@ _MAX_U8_WINDOW = 254  # cc/pool/pool.h kMaxU8Window
 
 @dataclasses.dataclass(frozen=True)
 class PoolSpec:
-    """A canonical 3-D channels-last pooling problem."""
+    """A channels-last pooling problem over 1 to 3 spatial dims. The operands keep their
+    natural rank (a reshape to rank 5 would make XLA copy them); the kernels see 3 spatial
+    dims with leading size-1 ones (``attrs``)."""
 
-    in_shape: tuple[int, int, int, int, int]  # (N, D, H, W, C)
-    window: tuple[int, int, int]
-    stride: tuple[int, int, int]
-    padding: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+    in_shape: tuple[int, ...]  # (N, *spatial, C)
+    window: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -72,6 +74,14 @@ class PoolSpec:
 
     def with_batch(self, n: int) -> PoolSpec:
         return dataclasses.replace(self, in_shape=(n, *self.in_shape[1:]))
+
+    def attrs(self, count_include_pad: bool = True) -> dict:
+        """The handler attributes: 3 entries each, leading spatial dims of size 1."""
+        k = 3 - len(self.window)
+        return dict(window=(1,) * k + self.window, stride=(1,) * k + self.stride,
+                    pad_lo=(0,) * k + tuple(lo for lo, _ in self.padding),
+                    pad_hi=(0,) * k + tuple(hi for _, hi in self.padding),
+                    count_include_pad=bool(count_include_pad))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,9 +117,7 @@ def _indexed_abstract(name, *, reads_y):
 
 def _attrs(platform, ctx, *, spec, count_include_pad=True):
     del platform, ctx
-    return dict(window=spec.window, stride=spec.stride,
-                pad_lo=[lo for lo, _ in spec.padding], pad_hi=[hi for _, hi in spec.padding],
-                count_include_pad=bool(count_include_pad))
+    return spec.attrs(count_include_pad)
 
 
 def _define(name, abstract_eval, **kw):
@@ -244,8 +252,8 @@ def _padding_pairs(padding, spatial, window, strides, api):
 
 
 def _canonical(x, window, strides, padding, layout, api):
-    """Checks the arguments, moves x to canonical (N, D, H, W, C) and builds the PoolSpec.
-    Returns (x5, spec, finish) where finish(y5) maps a canonical result back."""
+    """Checks the arguments, moves x to channels-last and builds the PoolSpec. Returns
+    (x, spec, finish) where finish(y) maps a channels-last result back to `layout`."""
     x = jnp.asarray(x)
     if np.dtype(x.dtype) not in SUPPORTED_DTYPES:
         raise TypeError(f"{api}: `x` has dtype {x.dtype}; supported dtypes are float32, "
@@ -272,16 +280,12 @@ def _canonical(x, window, strides, padding, layout, api):
         if n + lo + hi < w:
             raise ValueError(f"{api}: the window {window} is larger than the padded input along "
                              f"spatial dimension {i} ({n} + padding {lo} + {hi} < {w})")
-    pad3 = (1,) * (3 - nd)
-    n, c = x.shape[0], x.shape[-1]
-    spec = PoolSpec(in_shape=(n, *pad3, *spatial, c), window=pad3 + window,
-                    stride=pad3 + strides, padding=((0, 0),) * (3 - nd) + pads)
+    spec = PoolSpec(in_shape=tuple(x.shape), window=window, stride=strides, padding=pads)
 
     def finish(y):
-        y = y.reshape(n, *y.shape[4 - nd:4], c)
         return jnp.moveaxis(y, -1, 1) if channels_first else y
 
-    return x.reshape(spec.in_shape), spec, finish
+    return x, spec, finish
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,8 +307,8 @@ def max_pool(x, window, strides=None, padding="VALID", layout: str | None = None
       padding: ``"VALID"``, ``"SAME"``, an int, or one ``(low, high)`` pair per spatial dim.
       layout: one of ``NWC NCW NHWC NCHW NDHWC NCDHW``; default: channels-last of x's rank.
     """
-    x5, spec, finish = _canonical(x, window, strides, padding, layout, "jaxdnn.max_pool")
-    return finish(pool_max_fwd_p.bind(x5, spec=spec))
+    x, spec, finish = _canonical(x, window, strides, padding, layout, "jaxdnn.max_pool")
+    return finish(pool_max_fwd_p.bind(x, spec=spec))
 
 
 def avg_pool(x, window, strides=None, padding="VALID", count_include_pad: bool = True,
@@ -319,8 +323,8 @@ def avg_pool(x, window, strides=None, padding="VALID", count_include_pad: bool =
     api = "jaxdnn.avg_pool"
     if not isinstance(count_include_pad, (bool, np.bool_)):
         raise TypeError(f"{api}: `count_include_pad` must be a bool, got {count_include_pad!r}")
-    x5, spec, finish = _canonical(x, window, strides, padding, layout, api)
-    return finish(pool_avg_fwd_p.bind(x5, spec=spec, count_include_pad=bool(count_include_pad)))
+    x, spec, finish = _canonical(x, window, strides, padding, layout, api)
+    return finish(pool_avg_fwd_p.bind(x, spec=spec, count_include_pad=bool(count_include_pad)))
 
 
 def global_avg_pool(x, layout: str | None = None, keepdims: bool = False):
