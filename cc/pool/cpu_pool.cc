@@ -33,10 +33,18 @@ template <typename T> JAXDNN_INLINE T from_acc(acc_t<T> v) {
   if constexpr (std::is_same_v<T, double>) return v; else return store_as_f<T>(v);
 }
 
+// A value that is exactly representable in T (a max): bfloat16 needs no rounding.
+template <typename T> JAXDNN_INLINE T from_exact(acc_t<T> v) {
+  if constexpr (std::is_same_v<T, bf16_t>) return bf16_t{uint16_t(float_to_bits(v) >> 16)};
+  else return from_acc<T>(v);
+}
+
 // The max selection rule of pool.h: v replaces the current selection s when it is greater,
-// NaN being greater than any number.
-template <typename A> JAXDNN_INLINE bool greater(A v, A s) {
-  return v > s || (v != v && s == s);
+// NaN being greater than any number. Without an index to track, replacing a NaN by a NaN
+// changes nothing, so the cheaper test suffices.
+template <bool kIndex, typename A> JAXDNN_INLINE bool greater(A v, A s) {
+  if constexpr (kIndex) return v > s || (v != v && s == s);
+  else return v > s || v != v;
 }
 
 // Per-axis spans of a problem, computed once per call.
@@ -80,15 +88,17 @@ JAXDNN_INLINE void fwd_chunk(const Problem& p, const Span& sz, const Span& sp, c
           if constexpr (R == Reduce::kAvg) {
             acc[c] += v;
           } else {
-            const bool take = greater(v, acc[c]);
+            const bool take = greater<R == Reduce::kMaxIndex>(v, acc[c]);
             acc[c] = take ? v : acc[c];
             if constexpr (R == Reduce::kMaxIndex) ix[c] = take ? int32_t(k0 + w) : ix[c];
           }
         }
       }
     }
-  for (int64_t c = 0; c < width; ++c)
-    y[c] = from_acc<T>(R == Reduce::kAvg ? acc[c] * inv_divisor : acc[c]);
+  if constexpr (R == Reduce::kAvg)
+    for (int64_t c = 0; c < width; ++c) y[c] = from_acc<T>(acc[c] * inv_divisor);
+  else
+    for (int64_t c = 0; c < width; ++c) y[c] = from_exact<T>(acc[c]);
   if constexpr (R == Reduce::kMaxIndex)
     for (int64_t c = 0; c < width; ++c) idx[c] = ix[c] < 0 ? kNoIndex<Idx> : Idx(ix[c]);
 }
