@@ -176,6 +176,20 @@ JAXDNN_CPU_CLONES void bwd_row(const Problem& p, const Tables& t, const T* dy, c
   }
 }
 
+// dx of input row (n, d, h) for a global average: dy[n] / window size, copied to every
+// position (the general bwd_row would redo the same sum per position).
+template <typename T>
+JAXDNN_CPU_CLONES void global_avg_bwd_row(const Problem& p, const T* dy, T* dx, int64_t n,
+                                          int64_t d, int64_t h) {
+  using A = acc_t<T>;
+  const int64_t C = p.C, W = p.in[2];
+  const A inv = A(1) / A(p.window_size());
+  std::vector<T> row(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) row[size_t(c)] = from_acc<T>(load_acc(dy[n * C + c]) * inv);
+  T* out = dx + ((n * p.in[0] + d) * p.in[1] + h) * W * C;
+  for (int64_t w = 0; w < W; ++w) std::copy(row.begin(), row.end(), out + w * C);
+}
+
 // t at each window's selected element: a per-channel gather (the jvp, not a hot path).
 template <typename T, typename Idx>
 void gather_row(const Problem& p, const Tables& t, const T* tangent, const Idx* idx, T* y,
@@ -232,7 +246,14 @@ void run_typed(const Args& a, const Buffers& b, const Parallel& par) {
     case Op::kMaxFwdIndex: fwd(integral_constant<Reduce, Reduce::kMaxIndex>{}, idx_out); break;
     case Op::kAvgFwd: fwd(integral_constant<Reduce, Reduce::kAvg>{}, nullptr); break;
     case Op::kMaxScatter: bwd(std::true_type{}); break;
-    case Op::kAvgBwd: bwd(std::false_type{}); break;
+    case Op::kAvgBwd:
+      if (p.global())
+        for_each_row(p, true, par, [&](int64_t n, int64_t d, int64_t h) {
+          global_avg_bwd_row<T>(p, in, out, n, d, h);
+        });
+      else
+        bwd(std::false_type{});
+      break;
     case Op::kMaxGather:
       for_each_row(p, false, par, [&](int64_t n, int64_t z, int64_t pp) {
         gather_row<T, Idx>(p, t, in, idx_in, out, n, z, pp);
