@@ -27,6 +27,7 @@ def _skip_missing_platform(request):
     if platform:
         device(platform)
 
+
 # (channels-last shape, window, strides, padding) covering 1-D/2-D/3-D, default strides,
 # every padding form, odd and size-1 dims, channel counts on and off the vector width, windows
 # made only of padding, int32 selection indices (window > 254) and multi-block problems.
@@ -39,8 +40,9 @@ CASES = {
     "2d_asym_pad": ((2, 7, 5, 4), (2, 3), (1, 2), [(1, 0), (2, 1)]),
     "2d_size1": ((2, 1, 6, 5), (1, 3), 1, "SAME"),
     "2d_wide_c": ((2, 12, 10, 130), 3, 2, 1),
+    "2d_c128": ((2, 7, 9, 128), 2, 2, "SAME"),
     "2d_multiblock": ((3, 23, 29, 64), 3, 2, 1),
-    "2d_int32_index": ((2, 40, 40, 4), 16, 8, "VALID"),
+    "2d_int32_index": ((2, 40, 40, 8), 16, 8, "VALID"),
     "3d_same": ((2, 5, 6, 7, 3), (2, 3, 2), (2, 1, 2), "SAME"),
     "3d_overlap": ((1, 4, 4, 4, 8), 3, 1, 1),
 }
@@ -151,8 +153,10 @@ def ref_fwd_and_vjp(x, ct, op, window, strides, pads):
 
 
 # float32 and float64 on every case; the 16-bit dtypes on the cases that cover their vector
-# widths (C % 8 == 0), the scalar paths and padding-only windows.
-CASES_16BIT = ("1d_pad_only_windows", "2d_resnet_odd", "2d_2x2", "2d_multiblock", "3d_overlap")
+# widths (C % 8 == 0, two vectors per thread at C = 128, int32 indices), the scalar path and
+# padding-only windows.
+CASES_16BIT = ("1d_pad_only_windows", "2d_resnet_odd", "2d_2x2", "2d_c128", "2d_multiblock",
+               "2d_int32_index", "3d_overlap")
 CASE_DTYPES = [(c, d) for c in CASES for d in DTYPES
                if np.dtype(d).itemsize >= 4 or c in CASES_16BIT]
 

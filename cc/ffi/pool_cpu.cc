@@ -23,8 +23,9 @@ ffi::Error PoolCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remaining
 
 }  // namespace
 
-#define JAXDNN_POOL_CPU_HANDLER(handler, op, target)                                        \
-  XLA_FFI_DEFINE_HANDLER(handler, PoolCpu<op>, bind_pool(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>())); \
+#define JAXDNN_POOL_CPU_HANDLER(handler, op, target)                                    \
+  XLA_FFI_DEFINE_HANDLER(handler, PoolCpu<op>,                                          \
+                         bind_pool(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));           \
   JAXDNN_REGISTER_CPU_HANDLER(target, handler)
 JAXDNN_POOL_CPU_HANDLER(kPoolMaxFwdCpu, pool::Op::kMaxFwd, "jaxdnn_pool_max_fwd");
 JAXDNN_POOL_CPU_HANDLER(kPoolMaxFwdIndexCpu, pool::Op::kMaxFwdIndex, "jaxdnn_pool_max_fwd_index");

@@ -56,7 +56,8 @@ window_fwd_kernel(Geom g, const T* __restrict__ x, T* __restrict__ y, Idx* __res
         for (int32_t w = q0; w < q1; ++w) {
           A v[G * V];
 #pragma unroll
-          for (int j = 0; j < G; ++j) load_channels<T, V>(row + w * g.C + j * g.lanes * V, v + j * V);
+          for (int j = 0; j < G; ++j)
+            load_channels<T, V>(row + w * g.C + j * g.lanes * V, v + j * V);
 #pragma unroll
           for (int i = 0; i < G * V; ++i) st.add(i, v[i], k0 + w);
         }
