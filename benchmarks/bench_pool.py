@@ -14,7 +14,9 @@ global average pool; float32 and bfloat16; three directions:
 GB/s count minimal traffic for each implementation: fwd reads x and writes y; bwd reads dy (and
 jaxdnn's selection, or XLA's x, for max pooling) and writes dx; fwd+bwd is their sum without
 the residual round trip for jaxdnn (it writes and reads the selection) and for XLA (it reads x
-twice). speedup = XLA time / jaxdnn time.
+twice). speedup = XLA time / jaxdnn time. Each time is the median of `repeats` calls
+(benchmarks/common.py), the best of `trials` such medians with the two implementations
+alternating (on a shared CPU the noise between runs is larger than the differences).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def traffic(kind, x_bytes, y_bytes, y_elems, implementation):
     return fwd, x_bytes + y_bytes + x_bytes, fwd + (x_bytes + y_bytes + x_bytes)
 
 
-def bench(name, dtype, shape, repeats):
+def bench(name, dtype, shape, repeats, trials):
     window, strides, padding, kind = OPS[name]
     fns = {"jaxdnn": jaxdnn_fn(window, strides, padding, kind),
            "xla": xla_fn(window, strides, padding, kind)}
@@ -93,19 +95,19 @@ def bench(name, dtype, shape, repeats):
     cts = [jnp.asarray(rng.standard_normal(y_shape), dtype) for _ in range(rotate)]
     y_elems = int(np.prod(y_shape))
     y_bytes = y_elems * np.dtype(dtype).itemsize
+    vjps = {impl: [jax.vjp(f, x)[1] for x in xs] for impl, f in fns.items()}  # residuals
+    times = {impl: [float("inf")] * 3 for impl in fns}
+    for _ in range(trials):  # the implementations alternate, so they share the noise
+        for impl, f in fns.items():
+            def step(x, ct, f=f):
+                y, vjp = jax.vjp(f, x)
+                return y, vjp(ct)[0]
+            t = (time_op(f, [(x,) for x in xs], repeats=repeats),
+                 time_op(lambda vjp, ct: vjp(ct)[0], list(zip(vjps[impl], cts)), repeats=repeats),
+                 time_op(step, list(zip(xs, cts)), repeats=repeats))
+            times[impl] = [min(a, b) for a, b in zip(times[impl], t)]
+    del vjps
     out = []
-    times = {}
-    for impl, f in fns.items():
-        vjps = [jax.vjp(f, x)[1] for x in xs]  # residuals computed outside the timed region
-        t_fwd = time_op(f, [(x,) for x in xs], repeats=repeats)
-        t_bwd = time_op(lambda vjp, ct: vjp(ct)[0], list(zip(vjps, cts)), repeats=repeats)
-
-        def step(x, ct, f=f):
-            y, vjp = jax.vjp(f, x)
-            return y, vjp(ct)[0]
-        t_both = time_op(step, list(zip(xs, cts)), repeats=repeats)
-        times[impl] = (t_fwd, t_bwd, t_both)
-        del vjps
     for i, direction in enumerate(("fwd", "bwd", "fwd+bwd")):
         row = {"op": name, "dtype": np.dtype(dtype).name, "dir": direction,
                "shape": "x".join(map(str, shape))}
@@ -126,15 +128,18 @@ def main():
     parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--batch", type=int, default=None, help="N (default 64 GPU, 8 CPU)")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--trials", type=int, default=None,
+                        help="best of this many medians (default 1 GPU, 3 CPU: shared cores)")
     args = parser.parse_args()
     on_gpu = jax.devices()[0].platform == "gpu"
     n = args.batch or (64 if on_gpu else 8)
     repeats = args.repeats or (20 if on_gpu else 5)
+    trials = args.trials or (1 if on_gpu else 3)
     shape = (n, 112, 112, 64)
     rows = []
     for name in args.ops:
         for dt in args.dtypes:
-            rows += bench(name, jnp.dtype(dt), shape, repeats)
+            rows += bench(name, jnp.dtype(dt), shape, repeats, trials)
     columns = ["op", "dtype", "dir", "shape", "jaxdnn us", "xla us", "speedup", "jaxdnn GB/s",
                "xla GB/s"]
     notes = (f"geomean speedup {geomean([r['speedup'] for r in rows]):.2f}x over "

@@ -28,6 +28,7 @@ namespace {
 #define JAXDNN_INLINE inline __attribute__((always_inline))
 
 constexpr int64_t kChunk = 64;  // channels per accumulator chunk (4 AVX-512 float registers)
+constexpr int64_t kTasksPerThread = 4;  // runs of rows per thread, for load balance
 
 template <typename T> JAXDNN_INLINE T from_acc(acc_t<T> v) {
   if constexpr (std::is_same_v<T, double>) return v; else return store_as_f<T>(v);
@@ -214,11 +215,17 @@ void gather_row(const Problem& p, const Tables& t, const T* tangent, const Idx* 
 }
 
 // Calls row(n, a, b) for every output row (n, z, p) or, with `input_rows`, input row (n, d, h).
+// A task is a contiguous run of rows, a few per thread: each thread writes (and, on the first
+// touch of a fresh output buffer, page-faults) its own region of memory.
 template <typename Row>
 void for_each_row(const Problem& p, bool input_rows, const Parallel& par, Row row) {
   const int64_t* dims = input_rows ? p.in : p.out;
-  const int64_t A = dims[0], B = dims[1];
-  par.for_each(p.N * A * B, [&](int64_t task) { row(task / (A * B), task / B % A, task % B); });
+  const int64_t A = dims[0], B = dims[1], rows = p.N * A * B;
+  const int64_t tasks = std::min<int64_t>(rows, int64_t(par.num_threads()) * kTasksPerThread);
+  par.for_each(tasks, [&](int64_t task) {
+    for (int64_t r = rows * task / tasks; r < rows * (task + 1) / tasks; ++r)
+      row(r / (A * B), r / B % A, r % B);
+  });
 }
 
 template <typename T, typename Idx>
