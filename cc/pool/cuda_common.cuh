@@ -132,10 +132,12 @@ struct alignas(V * sizeof(Idx) < 16 ? V * sizeof(Idx) : 16) IdxVec {
 };
 
 // The max selection rule of pool.h: v replaces the selection s when greater, NaN being greater
-// than any number.
-template <typename A>
+// than any number. Without an index to track, replacing a NaN by a NaN changes nothing, so the
+// cheaper test suffices.
+template <bool kIndex, typename A>
 __device__ __forceinline__ bool greater(A v, A s) {
-  return v > s || (v != v && s == s);
+  if constexpr (kIndex) return v > s || (v != v && s == s);
+  else return v > s || v != v;
 }
 
 enum class Reduce { kMax, kMaxIndex, kAvg };
@@ -159,7 +161,7 @@ struct WindowState {
     if constexpr (R == Reduce::kAvg) {
       acc[i] += v;
     } else {
-      const bool take = greater(v, acc[i]);
+      const bool take = greater<kIndex>(v, acc[i]);
       acc[i] = take ? v : acc[i];
       if constexpr (kIndex) ix[i] = take ? k : ix[i];
     }
