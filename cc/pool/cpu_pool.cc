@@ -137,6 +137,7 @@ JAXDNN_INLINE void bwd_chunk(const Problem& p, const Tables& t, int64_t d, int64
   const int64_t C = p.C, P = p.out[1], Q = p.out[2];
   const Span &cz = t.covering[0][size_t(d)], &cp = t.covering[1][size_t(h)],
              &cq = t.covering[2][size_t(w)];
+  const A inv_window = A(1) / A(p.window_size());
   A sum[kCap];
   for (int64_t c = 0; c < width; ++c) sum[c] = A(0);
   for (int64_t z = cz.lo; z < cz.hi; ++z)
@@ -152,7 +153,7 @@ JAXDNN_INLINE void bwd_chunk(const Problem& p, const Tables& t, int64_t d, int64
           const Idx* ip = idxn + off;
           for (int64_t c = 0; c < width; ++c) sum[c] += ip[c] == k ? load_acc(g[c]) : A(0);
         } else {
-          const A scale = A(1) / A(p.divisor(include_pad, wz, wp, wq));
+          const A scale = include_pad ? inv_window : A(1) / A(p.divisor(false, wz, wp, wq));
           for (int64_t c = 0; c < width; ++c) sum[c] += load_acc(g[c]) * scale;
         }
       }
