@@ -62,6 +62,41 @@ struct Tables {
 
 enum class Reduce { kMax, kMaxIndex, kAvg };
 
+// Max of 16-bit floats without converting them: their bit patterns map to int16 keys that
+// order like the values (negatives reversed below the positives, NaN of either sign above
+// +inf), so a max is an integer max over twice the lanes of a float one, and maps back
+// exactly. Only the sign of a zero can differ from the float path (+0 wins over -0).
+template <typename T>
+struct Key16 {
+  static constexpr uint16_t kInf = std::is_same_v<T, bf16_t> ? 0x7f80 : 0x7c00;
+  static JAXDNN_INLINE int16_t key(T v) {
+    const uint16_t mag = v.bits & 0x7fff;
+    const uint16_t flip = uint16_t(int16_t(v.bits) >> 15) & 0x7fff;
+    return mag > kInf ? int16_t(mag) : int16_t(v.bits ^ flip);
+  }
+  static JAXDNN_INLINE T value(int16_t k) {
+    return T{uint16_t(k < 0 ? uint16_t(k) ^ 0x7fff : uint16_t(k))};
+  }
+  static constexpr int16_t kMinusInf = int16_t(-1 - kInf);  // key(-inf)
+};
+
+template <int CW, typename T>
+JAXDNN_INLINE void max16_chunk(const Problem& p, const Span& sz, const Span& sp, const Span& sq,
+                               const T* xn, int64_t cw, T* y) {
+  constexpr int64_t kCap = CW ? CW : kChunk;
+  const int64_t width = CW ? CW : cw;
+  const int64_t C = p.C, H = p.in[1], W = p.in[2];
+  int16_t acc[kCap];
+  for (int64_t c = 0; c < width; ++c) acc[c] = Key16<T>::kMinusInf;
+  for (int64_t d = sz.lo; d < sz.hi; ++d)
+    for (int64_t h = sp.lo; h < sp.hi; ++h)
+      for (int64_t w = sq.lo; w < sq.hi; ++w) {
+        const T* xp = xn + ((d * H + h) * W + w) * C;
+        for (int64_t c = 0; c < width; ++c) acc[c] = std::max(acc[c], Key16<T>::key(xp[c]));
+      }
+  for (int64_t c = 0; c < width; ++c) y[c] = Key16<T>::value(acc[c]);
+}
+
 // One output position's channels [c0, c0 + width): xn and y (and idx) point at channel c0 of
 // image n and of the output. CW > 0 is the width at compile time, CW == 0 the runtime cw.
 template <Reduce R, int CW, typename T, typename Idx>
@@ -117,11 +152,16 @@ JAXDNN_CPU_CLONES void fwd_row(const Problem& p, const Tables& t, const T* x, T*
     const A inv = A(1) / A(p.divisor(include_pad, sz, sp, sq));  // inf for an empty window
     const int64_t out = (((n * p.out[0] + z) * p.out[1] + pp) * Q + q) * C;
     Idx* ip = R == Reduce::kMaxIndex ? idx + out : nullptr;
+    auto chunk = [&](auto cw_c, int64_t c0, int64_t cw) {
+      constexpr int CW = decltype(cw_c)::value;
+      if constexpr (R == Reduce::kMax && sizeof(T) == 2)
+        max16_chunk<CW>(p, sz, sp, sq, xn + c0, cw, y + out + c0);
+      else
+        fwd_chunk<R, CW>(p, sz, sp, sq, xn + c0, cw, inv, y + out + c0, ip ? ip + c0 : ip);
+    };
     int64_t c0 = 0;
-    for (; c0 + kChunk <= C; c0 += kChunk)
-      fwd_chunk<R, kChunk>(p, sz, sp, sq, xn + c0, kChunk, inv, y + out + c0, ip ? ip + c0 : ip);
-    if (c0 < C)
-      fwd_chunk<R, 0>(p, sz, sp, sq, xn + c0, C - c0, inv, y + out + c0, ip ? ip + c0 : ip);
+    for (; c0 + kChunk <= C; c0 += kChunk) chunk(std::integral_constant<int, kChunk>{}, c0, kChunk);
+    if (c0 < C) chunk(std::integral_constant<int, 0>{}, c0, C - c0);
   }
 }
 
