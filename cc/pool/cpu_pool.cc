@@ -7,7 +7,8 @@
 // each window tap (or covering window, for the backward ops) is one pass over a contiguous
 // chunk of C, which the compiler vectorises. Window and covering spans come from per-axis
 // tables built once per call, so the loops do no division. Each row function is compiled for
-// AVX-512, AVX2 and baseline x86-64 and picked at run time (target_clones).
+// AVX-512, AVX2 and baseline x86-64 and picked at run time (target_clones). The plain max of
+// 16-bit floats runs on ordered integer keys (Key16), without converting to float.
 //
 // Traffic: the forward ops read x once from memory (taps of overlapping windows hit in cache)
 // and write y (and idx); the backward ops read dy (and idx) and write dx once. Accumulation in

@@ -1,7 +1,7 @@
 // Pooling problem descriptor and kernel entry points, shared by the CPU and CUDA kernels.
 //
-// All pooling is 3-D and channels-last here: 1-D and 2-D problems arrive with size-1 leading
-// spatial dims and channels-first layouts are transposed by the Python layer. Row-major:
+// All pooling is 3-D and channels-last here: the FFI layer gives 1-D and 2-D problems size-1
+// leading spatial dims, and the Python layer transposes channels-first layouts. Row-major:
 //   x  (N, D, H, W, C)      input
 //   y  (N, Z, P, Q, C)      output; window (T, R, S), strides, padding (lo, hi) per axis
 // Along an axis, output o's window reads the input coordinates  start + t  for taps
@@ -18,13 +18,13 @@
 // The divisor is the window size, or with count_include_pad=false the number of taps that
 // fall on the input (0 for a window made only of padding, giving NaN as in flax).
 //
-// Max selection (the gradient's tie rule): the selected element of a window is its first
-// element, in tap order, that is greater than every element before it, where NaN counts as
-// greater than any number and padding is -inf. Without NaN this is the first maximal element,
-// as in jax.lax (select_and_scatter_add); a window of nothing but -inf or padding selects
-// nothing (index kNoIndex: its gradient is dropped). y always equals the selected value
-// (-inf when nothing is selected), so NaN propagates. The rule combines associatively, which
-// lets a window be split across threads.
+// Max selection (the gradient's tie rule): the selected element of a window is the first, in
+// tap order, of its maximal elements, NaN counting as greater than any number (so the first
+// NaN if there is one) and padding as -inf. Without NaN this is jax.lax's rule (the gradient
+// of reduce_window max, select_and_scatter_add). A window of nothing but -inf and padding
+// selects nothing (index kNoIndex: its gradient is dropped, as in jax's jvp). y is the
+// selected value (-inf when nothing is selected), so NaN propagates. The rule combines
+// associatively, which lets a window be split across threads.
 //
 // Backward kernels gather (one thread per input element visits the windows covering it), so
 // every result is deterministic.
