@@ -13,7 +13,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/logs"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONUNBUFFERED=1
+NOPRE="env XLA_PYTHON_CLIENT_PREALLOCATE=false"  # for parallel test processes
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD
 summary=()
@@ -35,16 +36,16 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 
 for s in "$@"; do
   case $s in
-    tests) step tests python3 -m pytest -q -n 4 -p no:cacheprovider ;;
-    gpu-tests) step gpu-tests python3 -m pytest -q -n 4 -p no:cacheprovider -k gpu ;;
+    tests) step tests $NOPRE python3 -m pytest -q -n 4 -p no:cacheprovider ;;
+    gpu-tests) step gpu-tests $NOPRE python3 -m pytest -q -n 4 -p no:cacheprovider -k gpu ;;
     memcheck)
-      step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
+      step memcheck $NOPRE compute-sanitizer --tool memcheck --error-exitcode 1 \
         python3 -m pytest -q -p no:cacheprovider -x -k "gpu and not vmap and not grad" \
         tests/test_activation.py tests/test_softmax.py tests/test_pool.py tests/test_norm.py
-      step memcheck-conv compute-sanitizer --tool memcheck --error-exitcode 1 \
+      step memcheck-conv $NOPRE compute-sanitizer --tool memcheck --error-exitcode 1 \
         python3 -m pytest -q -p no:cacheprovider -x -k "gpu" tests/test_conv.py ;;
     racecheck)
-      step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 \
+      step racecheck $NOPRE compute-sanitizer --tool racecheck --error-exitcode 1 \
         python3 -m pytest -q -p no:cacheprovider -x -k "gpu and float32 and not grad" \
         tests/test_softmax.py tests/test_norm.py tests/test_pool.py ;;
     bench)

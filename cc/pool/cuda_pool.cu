@@ -89,7 +89,7 @@ window_bwd_kernel(Geom g, const T* __restrict__ dy, const Idx* __restrict__ idx,
     g.covering(0, d, &z0, &z1);
     g.covering(1, h, &p0, &p1);
     g.covering(2, w, &q0, &q1);
-    const int32_t yn = n * g.out_spatial();
+    const int32_t yn = n * g.out[0];  // first output plane of image n
     A sum[G * V];
 #pragma unroll
     for (int i = 0; i < G * V; ++i) sum[i] = A(0);
@@ -97,7 +97,7 @@ window_bwd_kernel(Geom g, const T* __restrict__ dy, const Idx* __restrict__ idx,
       for (int32_t pp = p0; pp < p1; ++pp)
 #pragma unroll 2
         for (int32_t q = q0; q < q1; ++q) {
-          const int32_t off = ((yn + z * g.out[1] + pp) * g.out[2] + q) * g.C + lane * V;
+          const int32_t off = (((yn + z) * g.out[1] + pp) * g.out[2] + q) * g.C + lane * V;
           int32_t k = 0;  // this input's index inside window (z, pp, q)
           A scale = A(1);
           if constexpr (kMax) {
