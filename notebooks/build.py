@@ -114,13 +114,19 @@ problem"""),
 platforms = ["cpu"] + (["cuda"] if jaxdnn.build_info()["cuda"] else [])
 for platform in platforms:
     show(jaxdnn.conv_algorithms(problem, platform))"""),
-        ("md", "Workspace grows with the filter: the im2col matrix of a 7x7 convolution "
-               "replicates every input element 49 times."),
+        ("md", "The explicit im2col matrix replicates every input element once per filter tap "
+               "(49 times for 7x7), so a GPU-style im2col + GEMM needs a workspace the size of "
+               "that matrix. jaxdnn's CPU `im2col_gemm` builds it in blocks that stay in cache, "
+               "so its workspace stays small whatever the filter:"),
         ("code", """for k in (1, 3, 7):
     p = jaxdnn.conv_problem(jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32),
                             jax.ShapeDtypeStruct((k, k, 3, 64), jnp.float32), padding="SAME")
-    for a in jaxdnn.conv_algorithms(p, "cpu"):
-        print(f"{k}x{k} {a.name:14s} workspace {a.workspace_bytes / 2**20:9.1f} MiB")"""),
+    n, _, h, w, c = p.spec.lhs_shape
+    full = n * h * w * k * k * c * 4  # the whole im2col matrix, float32 (stride 1, SAME)
+    blocked = {a.name: a.workspace_bytes for a in jaxdnn.conv_algorithms(p, "cpu")}
+    print(f"{k}x{k}: whole im2col matrix {full / 2**20:8.1f} MiB; "
+          f"im2col_gemm workspace {blocked['im2col_gemm'] / 2**20:.2f} MiB, "
+          f"direct {blocked['direct']} B")"""),
         ("md", "## Find: run and time every applicable algorithm, checking each result"),
         ("code", """small = jaxdnn.conv_problem(jax.ShapeDtypeStruct((4, 28, 28, 32), jnp.float32),
                            jax.ShapeDtypeStruct((3, 3, 32, 32), jnp.float32), padding="SAME")
@@ -144,8 +150,8 @@ with jaxdnn.config(benchmark=True, cache_dir=cache):
     print(jaxdnn.explain(step, ws, xs))
 with jaxdnn.config(deterministic=True):
     print(jaxdnn.explain(step, ws, xs))"""),
-        ("md", "Forcing an algorithm that cannot run a problem is an error that says why and "
-               "what would work:"),
+        ("md", "Forcing an algorithm that is not registered, or that cannot run the problem, "
+               "is an error that names the algorithms that would work:"),
         ("code", """try:
     jaxdnn.explain(lambda x, w: jaxdnn.conv(x, w, algo="winograd"), xs, ws)
 except ValueError as e:
