@@ -31,6 +31,13 @@ from util import assert_close, rand
 ALGO = "im2col_gemm"
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu():
+    """im2col_gemm is a CPU algorithm: run every test here on the CPU, GPU or not."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: a static jit argument
 class Case:
     name: str
@@ -228,8 +235,7 @@ def _run_workers(tmp_path, envs, names):
     procs, files = [], []
     for i, extra in enumerate(envs):
         path = str(tmp_path / f"worker{i}.npz")
-        env = dict(os.environ, **extra)
-        env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), env.get("PYTHONPATH", "")])
+        env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
         procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, here, json.dumps(names),
                                        path], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))

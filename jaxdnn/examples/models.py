@@ -75,8 +75,10 @@ def _lax_layer_norm(x, scale, bias):
 def lax_ops() -> Ops:
     return Ops(
         name="jax.lax",
+        # HIGHEST: exact float32 like jaxdnn's kernels (XLA:GPU would otherwise use TF32).
         conv=lambda x, w, stride=1: lax.conv_general_dilated(
-            x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+            x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            precision=lax.Precision.HIGHEST),
         batch_norm=_lax_batch_norm,
         bn_inference=_lax_normalise,
         relu=jax.nn.relu,
@@ -106,6 +108,12 @@ def _bn_state(c):
 
 def _dense_params(key, din, dout):
     return {"w": _he(key, (din, dout), din), "b": jnp.zeros((dout,))}
+
+
+def _dense(x, p):
+    """x @ w + b in exact float32 on every platform (no TF32), like the convolutions."""
+    w, b = p["w"].astype(x.dtype), p["b"].astype(x.dtype)
+    return jnp.dot(x, w, precision=lax.Precision.HIGHEST) + b
 
 
 # ---- a small ResNet ---------------------------------------------------------------------------
@@ -152,7 +160,7 @@ def apply_cnn(ops: Ops, params, state, x, train: bool):
     x = layer("down", x)
     x = ops.relu(x + layer("res2b", layer("res2a", x), relu=False))
     x = ops.global_avg_pool(x)
-    logits = x @ params["head"]["w"].astype(x.dtype) + params["head"]["b"].astype(x.dtype)
+    logits = _dense(x, params["head"])
     return ops.log_softmax(logits), new
 
 
@@ -171,8 +179,8 @@ def init_mlp(key, image_shape, num_classes, width=256, depth=2):
 def apply_mlp(ops: Ops, params, state, x, train: bool):
     x = x.reshape(x.shape[0], -1)
     for p in params["hidden"]:
-        x = ops.gelu(ops.layer_norm(x @ p["w"] + p["b"], p["scale"], p["bias"]))
-    logits = x @ params["head"]["w"] + params["head"]["b"]
+        x = ops.gelu(ops.layer_norm(_dense(x, p), p["scale"], p["bias"]))
+    logits = _dense(x, params["head"])
     return ops.log_softmax(logits), state
 
 
