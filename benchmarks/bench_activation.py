@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jaxdnn  # noqa: E402
-from benchmarks.common import (geomean, rotating_inputs, rotation_for, time_op,  # noqa: E402
+import jaxdnn
+from common import (bandwidth_row, geomean, rotating_inputs, rotation_for,
+                               time_op,
                                write_results)
 
 OPS = {
@@ -66,11 +64,8 @@ def run(shape, ops, dtypes, repeats):
                                                   ("bwd", 3 * n, inputs, backward)):
                 t_ours = time_op(wrap(ours), args, repeats=repeats)
                 t_ref = time_op(wrap(ref), args, repeats=repeats)
-                gbytes = elems * itemsize / 1e9
-                rows.append(dict(op=name, dtype=np.dtype(dtype).name, direction=direction,
-                                 shape="x".join(map(str, shape)), jaxdnn_us=t_ours * 1e6,
-                                 xla_us=t_ref * 1e6, jaxdnn_GBps=gbytes / t_ours,
-                                 xla_GBps=gbytes / t_ref, ratio=t_ref / t_ours))
+                rows.append(bandwidth_row(name, dtype, direction, shape, elems * itemsize,
+                                          t_ours, t_ref))
                 print(rows[-1], flush=True)
     return rows
 

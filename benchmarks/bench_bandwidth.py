@@ -9,7 +9,6 @@ events (through PyTorch, when installed) so the harness's own overhead is visibl
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from common import rotating_inputs, rotation_for, time_op, write_results

@@ -11,9 +11,7 @@ GFLOP/s (2*N*P*Q*K*C*R*S/groups per direction) and the ratio jaxdnn / XLA (> 1: 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import jax
@@ -21,10 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import geomean, rotating_inputs, rotation_for, time_op, write_results  # noqa: E402
+from common import geomean, rotating_inputs, rotation_for, time_op, write_results
 
-import jaxdnn  # noqa: E402
+import jaxdnn
 
 # (H, W, Cin, Cout, kernel, stride, pad)
 RESNET50 = [

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jaxdnn  # noqa: E402
-from benchmarks.common import (geomean, rotating_inputs, rotation_for, time_op,  # noqa: E402
+import jaxdnn
+from common import (geomean, rotating_inputs, rotation_for, time_op,
                                write_results)
 
 EPS = 1e-5

@@ -22,18 +22,15 @@ alternating (on a shared CPU the noise between runs is larger than the differenc
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jaxdnn  # noqa: E402
-from benchmarks.common import geomean, rotation_for, time_op, write_results  # noqa: E402
+import jaxdnn
+from common import geomean, rotation_for, time_op, write_results
 
 # name -> (window, strides, padding, kind); kind in max / avg / avg_exclude_pad / global.
 OPS = {

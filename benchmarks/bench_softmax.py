@@ -14,17 +14,15 @@ take the other GPU paths: 262144x256 (a warp per row) and 1024x65536 (the online
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jaxdnn  # noqa: E402
-from benchmarks.common import (geomean, rotating_inputs, rotation_for, time_op,  # noqa: E402
+import jaxdnn
+from common import (bandwidth_row, geomean, rotating_inputs, rotation_for,
+                               time_op,
                                write_results)
 
 FUNCS = {"softmax": (jaxdnn.softmax, jax.nn.softmax),
@@ -60,11 +58,8 @@ def run(shapes, dtypes, repeats):
                     del vjp_fns
                 for direction, elems in (("fwd", 2 * n), ("bwd", 3 * n)):
                     t_ours, t_ref = times["jaxdnn"][direction], times["xla"][direction]
-                    gbytes = elems * itemsize / 1e9
-                    rows.append(dict(op=name, dtype=np.dtype(dtype).name, direction=direction,
-                                     shape="x".join(map(str, shape)), jaxdnn_us=t_ours * 1e6,
-                                     xla_us=t_ref * 1e6, jaxdnn_GBps=gbytes / t_ours,
-                                     xla_GBps=gbytes / t_ref, ratio=t_ref / t_ours))
+                    rows.append(bandwidth_row(name, dtype, direction, shape,
+                                              elems * itemsize, t_ours, t_ref))
                     print(rows[-1], flush=True)
     return rows
 

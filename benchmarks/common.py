@@ -61,6 +61,15 @@ def rotation_for(bytes_per_call: int, *, l2_bytes: int = 60 << 20, cap: int = 8)
     return int(min(cap, max(2, -(-3 * l2_bytes // max(bytes_per_call, 1)))))
 
 
+def bandwidth_row(op: str, dtype, direction: str, shape, nbytes: int, t_ours: float,
+                  t_ref: float) -> dict:
+    """One row of a memory-bound comparison: times, GB/s of `nbytes` minimal traffic, ratio."""
+    gbytes = nbytes / 1e9
+    return dict(op=op, dtype=np.dtype(dtype).name, direction=direction,
+                shape="x".join(map(str, shape)), jaxdnn_us=t_ours * 1e6, xla_us=t_ref * 1e6,
+                jaxdnn_GBps=gbytes / t_ours, xla_GBps=gbytes / t_ref, ratio=t_ref / t_ours)
+
+
 def environment() -> dict:
     dev = jax.devices()[0]
     return {

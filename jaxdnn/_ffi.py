@@ -15,7 +15,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir, xla
 
-from . import _build_config, _cpu
+from . import _cpu
 
 try:
     from . import _cuda

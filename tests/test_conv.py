@@ -359,7 +359,7 @@ def test_jit_and_eager_agree():
                                   np.asarray(jax.jit(partial(jaxdnn.conv, padding=1))(x, w)))
 
 
-# ---- algorithm registry (no GPU needed) -----------------------------------------------------------
+# ---- algorithm registry (no GPU needed) ------------------------------------------------------
 
 def test_registry_reports_algorithms_on_every_platform():
     p = jaxdnn.conv_problem(jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32),
@@ -395,7 +395,7 @@ def test_algo_dict_and_validation():
         jaxdnn.conv(x, w, algo=3)
 
 
-# ---- bad input: clear errors at trace time ----------------------------------------------------------
+# ---- bad input: clear errors at trace time -------------------------------------------------
 
 X, W = jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32), jax.ShapeDtypeStruct((3, 3, 4, 6),
                                                                               jnp.float32)

@@ -29,11 +29,14 @@ def test_mnist_idx_loader(tmp_path, compress):
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 256, (20, 28, 28))
     labels = rng.integers(0, 10, 20)
-    for stem, arr in (("train-images-idx3-ubyte", imgs[:15]), ("train-labels-idx1-ubyte", labels[:15]),
-                      ("t10k-images-idx3-ubyte", imgs[15:]), ("t10k-labels-idx1-ubyte", labels[15:])):
+    for stem, arr in (("train-images-idx3-ubyte", imgs[:15]),
+                      ("train-labels-idx1-ubyte", labels[:15]),
+                      ("t10k-images-idx3-ubyte", imgs[15:]),
+                      ("t10k-labels-idx1-ubyte", labels[15:])):
         _write_idx(str(tmp_path / stem), arr, compress)
     ds = data_lib.load(str(tmp_path))
-    assert ds.name == "mnist" and ds.x_train.shape == (15, 28, 28, 1) and ds.x_test.shape == (5, 28, 28, 1)
+    assert ds.name == "mnist"
+    assert ds.x_train.shape == (15, 28, 28, 1) and ds.x_test.shape == (5, 28, 28, 1)
     np.testing.assert_array_equal(ds.y_train, labels[:15])
     # Standardised with the training statistics.
     raw = imgs[:15].astype(np.float32) / 255.0

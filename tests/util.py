@@ -67,7 +67,8 @@ def assert_close(out, ref, dtype, *, tol=None, what=""):
     out = np.asarray(out, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     assert out.shape == ref.shape, f"{what}: shape {out.shape} != reference {ref.shape}"
-    assert np.array_equal(np.isnan(out), np.isnan(ref)), f"{what}: NaN where the reference has none (or the reverse)"
+    assert np.array_equal(np.isnan(out), np.isnan(ref)), \
+        f"{what}: NaN where the reference has none (or the reverse)"
     inf = np.isinf(ref)
     assert np.array_equal(out[inf], ref[inf]), f"{what}: infinities differ from the reference"
     finite = np.isfinite(ref)
