@@ -9,7 +9,6 @@ it, so adding an algorithm adds its tests.
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 from functools import partial
 
@@ -22,80 +21,69 @@ from jax.test_util import check_grads
 
 import jaxdnn
 
-from util import DTYPES, PLATFORMS, assert_close, device, on, rand
+from util import (DTYPES, PLATFORMS, ConvCase, assert_close, channels_last, device, on,
+                  rand)
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    name: str
-    x_shape: tuple
-    w_shape: tuple
-    kw: dict  # jaxdnn.conv_general_dilated / lax.conv_general_dilated keyword arguments
-
-    def __str__(self):
-        return self.name
-
-
-def _nhwc(nd):
-    return {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"),
-            3: ("NDHWC", "DHWIO", "NDHWC")}[nd]
-
+NHWC = channels_last(2)
 
 CASES = [
-    Case("2d_basic", (2, 7, 6, 5), (3, 3, 5, 4),
-         dict(window_strides=(1, 1), padding="SAME", dimension_numbers=_nhwc(2))),
-    Case("2d_stride_asym_pad", (2, 9, 8, 3), (3, 2, 3, 4),
-         dict(window_strides=(2, 3), padding=[(2, 0), (1, 3)], dimension_numbers=_nhwc(2))),
-    Case("2d_oversized_pad", (1, 3, 4, 2), (2, 2, 2, 3),
-         dict(window_strides=(1, 1), padding=[(4, 5), (3, 3)], dimension_numbers=_nhwc(2))),
-    Case("2d_negative_pad", (2, 8, 9, 3), (3, 3, 3, 2),
-         dict(window_strides=(1, 2), padding=[(-1, 1), (1, -2)], dimension_numbers=_nhwc(2))),
-    Case("2d_valid_even_kernel", (2, 8, 7, 4), (4, 2, 4, 3),
-         dict(window_strides=(1, 1), padding="VALID", dimension_numbers=_nhwc(2))),
-    Case("2d_rhs_dilation", (2, 11, 10, 3), (3, 3, 3, 4),
-         dict(window_strides=(1, 1), padding="SAME", rhs_dilation=(2, 3),
-              dimension_numbers=_nhwc(2))),
-    Case("2d_lhs_dilation", (2, 5, 4, 3), (3, 2, 3, 2),
-         dict(window_strides=(1, 2), padding=[(1, 2), (0, 1)], lhs_dilation=(2, 3),
-              dimension_numbers=_nhwc(2))),
-    Case("2d_groups", (2, 6, 5, 6), (3, 3, 2, 9),
-         dict(window_strides=(1, 1), padding="SAME", feature_group_count=3,
-              dimension_numbers=_nhwc(2))),
-    Case("2d_depthwise", (2, 7, 7, 8), (3, 3, 1, 8),
-         dict(window_strides=(2, 2), padding="SAME", feature_group_count=8,
-              dimension_numbers=_nhwc(2))),
-    Case("2d_depthwise_multiplier", (1, 6, 6, 4), (5, 5, 1, 8),
-         dict(window_strides=(1, 1), padding=[(2, 2), (2, 2)], feature_group_count=4,
-              dimension_numbers=_nhwc(2))),
-    Case("2d_batch_groups", (6, 5, 6, 4), (3, 2, 4, 6),
-         dict(window_strides=(1, 1), padding="SAME", batch_group_count=3,
-              dimension_numbers=_nhwc(2))),
-    Case("2d_nchw_oihw", (2, 3, 7, 6), (4, 3, 3, 2),
-         dict(window_strides=(1, 2), padding="SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))),
-    Case("2d_mixed_layouts", (2, 3, 7, 6), (3, 2, 3, 4),
-         dict(window_strides=(2, 1), padding=[(1, 1), (0, 2)],
-              dimension_numbers=("NCHW", "HWIO", "NHWC"))),
-    Case("2d_default_dnums", (2, 3, 6, 5), (4, 3, 2, 3),
-         dict(window_strides=(1, 1), padding="VALID")),
-    Case("2d_1x1_stride2", (2, 8, 8, 6), (1, 1, 6, 5),
-         dict(window_strides=(2, 2), padding="VALID", dimension_numbers=_nhwc(2))),
-    Case("2d_empty_spatial", (2, 0, 5, 3), (3, 3, 3, 4),
-         dict(window_strides=(1, 1), padding="VALID", dimension_numbers=_nhwc(2))),
-    Case("2d_empty_input_padded", (1, 0, 4, 2), (1, 3, 2, 3),
-         dict(window_strides=(1, 1), padding=[(1, 1), (1, 1)], dimension_numbers=_nhwc(2))),
-    Case("1d", (3, 17, 4), (5, 4, 6),
-         dict(window_strides=(2,), padding=[(3, 1)], rhs_dilation=(2,),
-              dimension_numbers=_nhwc(1))),
-    Case("1d_ncw_groups", (2, 6, 13), (6, 3, 4),
-         dict(window_strides=(1,), padding="SAME", feature_group_count=2,
-              dimension_numbers=("NCW", "OIW", "NCW"))),
-    Case("3d", (2, 5, 6, 4, 3), (2, 3, 2, 3, 4),
-         dict(window_strides=(1, 2, 1), padding="SAME", dimension_numbers=_nhwc(3))),
-    Case("3d_dilated_groups", (1, 6, 5, 7, 4), (2, 2, 3, 2, 6),
-         dict(window_strides=(2, 1, 1), padding=[(1, 0), (1, 1), (2, 2)], rhs_dilation=(2, 1, 2),
-              feature_group_count=2, dimension_numbers=_nhwc(3))),
-    Case("2d_wide_channels", (2, 6, 6, 48), (3, 3, 48, 40),
-         dict(window_strides=(1, 1), padding="SAME", dimension_numbers=_nhwc(2))),
+    ConvCase("2d_basic", (2, 7, 6, 5), (3, 3, 5, 4),
+             dict(window_strides=(1, 1), padding="SAME", dimension_numbers=NHWC)),
+    ConvCase("2d_stride_asym_pad", (2, 9, 8, 3), (3, 2, 3, 4),
+             dict(window_strides=(2, 3), padding=[(2, 0), (1, 3)], dimension_numbers=NHWC)),
+    ConvCase("2d_oversized_pad", (1, 3, 4, 2), (2, 2, 2, 3),
+             dict(window_strides=(1, 1), padding=[(4, 5), (3, 3)], dimension_numbers=NHWC)),
+    ConvCase("2d_negative_pad", (2, 8, 9, 3), (3, 3, 3, 2),
+             dict(window_strides=(1, 2), padding=[(-1, 1), (1, -2)], dimension_numbers=NHWC)),
+    ConvCase("2d_valid_even_kernel", (2, 8, 7, 4), (4, 2, 4, 3),
+             dict(window_strides=(1, 1), padding="VALID", dimension_numbers=NHWC)),
+    ConvCase("2d_rhs_dilation", (2, 11, 10, 3), (3, 3, 3, 4),
+             dict(window_strides=(1, 1), padding="SAME", rhs_dilation=(2, 3),
+                  dimension_numbers=NHWC)),
+    ConvCase("2d_lhs_dilation", (2, 5, 4, 3), (3, 2, 3, 2),
+             dict(window_strides=(1, 2), padding=[(1, 2), (0, 1)], lhs_dilation=(2, 3),
+                  dimension_numbers=NHWC)),
+    ConvCase("2d_groups", (2, 6, 5, 6), (3, 3, 2, 9),
+             dict(window_strides=(1, 1), padding="SAME", feature_group_count=3,
+                  dimension_numbers=NHWC)),
+    ConvCase("2d_depthwise", (2, 7, 7, 8), (3, 3, 1, 8),
+             dict(window_strides=(2, 2), padding="SAME", feature_group_count=8,
+                  dimension_numbers=NHWC)),
+    ConvCase("2d_depthwise_multiplier", (1, 6, 6, 4), (5, 5, 1, 8),
+             dict(window_strides=(1, 1), padding=[(2, 2), (2, 2)], feature_group_count=4,
+                  dimension_numbers=NHWC)),
+    ConvCase("2d_batch_groups", (6, 5, 6, 4), (3, 2, 4, 6),
+             dict(window_strides=(1, 1), padding="SAME", batch_group_count=3,
+                  dimension_numbers=NHWC)),
+    ConvCase("2d_nchw_oihw", (2, 3, 7, 6), (4, 3, 3, 2),
+             dict(window_strides=(1, 2), padding="SAME",
+                  dimension_numbers=("NCHW", "OIHW", "NCHW"))),
+    ConvCase("2d_mixed_layouts", (2, 3, 7, 6), (3, 2, 3, 4),
+             dict(window_strides=(2, 1), padding=[(1, 1), (0, 2)],
+                  dimension_numbers=("NCHW", "HWIO", "NHWC"))),
+    ConvCase("2d_default_dnums", (2, 3, 6, 5), (4, 3, 2, 3),
+             dict(window_strides=(1, 1), padding="VALID")),
+    ConvCase("2d_1x1_stride2", (2, 8, 8, 6), (1, 1, 6, 5),
+             dict(window_strides=(2, 2), padding="VALID", dimension_numbers=NHWC)),
+    ConvCase("2d_empty_spatial", (2, 0, 5, 3), (3, 3, 3, 4),
+             dict(window_strides=(1, 1), padding="VALID", dimension_numbers=NHWC)),
+    ConvCase("2d_empty_input_padded", (1, 0, 4, 2), (1, 3, 2, 3),
+             dict(window_strides=(1, 1), padding=[(1, 1), (1, 1)], dimension_numbers=NHWC)),
+    ConvCase("1d", (3, 17, 4), (5, 4, 6),
+             dict(window_strides=(2,), padding=[(3, 1)], rhs_dilation=(2,),
+                  dimension_numbers=channels_last(1))),
+    ConvCase("1d_ncw_groups", (2, 6, 13), (6, 3, 4),
+             dict(window_strides=(1,), padding="SAME", feature_group_count=2,
+                  dimension_numbers=("NCW", "OIW", "NCW"))),
+    ConvCase("3d", (2, 5, 6, 4, 3), (2, 3, 2, 3, 4),
+             dict(window_strides=(1, 2, 1), padding="SAME", dimension_numbers=channels_last(3))),
+    ConvCase("3d_dilated_groups", (1, 6, 5, 7, 4), (2, 2, 3, 2, 6),
+             dict(window_strides=(2, 1, 1), padding=[(1, 0), (1, 1), (2, 2)],
+                  rhs_dilation=(2, 1, 2), feature_group_count=2,
+                  dimension_numbers=channels_last(3))),
+    ConvCase("2d_wide_channels", (2, 6, 6, 48), (3, 3, 48, 40),
+             dict(window_strides=(1, 1), padding="SAME", dimension_numbers=NHWC)),
 ]
 
 
@@ -228,7 +216,7 @@ def test_conv_default_layout_by_rank(nd):
     x = rand(rng, (2, *[7] * nd, 3), jnp.float64)
     w = rand(rng, (*[3] * nd, 3, 5), jnp.float64)
     y = jaxdnn.conv(x, w, padding="SAME")
-    ref = lax.conv_general_dilated(x, w, (1,) * nd, "SAME", dimension_numbers=_nhwc(nd))
+    ref = lax.conv_general_dilated(x, w, (1,) * nd, "SAME", dimension_numbers=channels_last(nd))
     assert_close(y, ref, jnp.float64)
 
 
@@ -262,7 +250,7 @@ def test_conv_transpose_is_the_input_gradient(kw, platform):
         fwd_pad = lax.padtype_to_pads(out_sp, [(k - 1) * d + 1 for k, d in zip((3, 2), dil)],
                                       stride, "SAME")
     f = partial(lax.conv_general_dilated, window_strides=stride, padding=fwd_pad,
-                rhs_dilation=dil, feature_group_count=groups, dimension_numbers=_nhwc(2))
+                rhs_dilation=dil, feature_group_count=groups, dimension_numbers=NHWC)
     xs = jax.ShapeDtypeStruct((2, *out_sp, 4), jnp.float64)
     out_shape = jax.eval_shape(f, xs, jax.ShapeDtypeStruct(w.shape, jnp.float64)).shape
     assert out_shape == x_in.shape
@@ -455,7 +443,7 @@ def test_conv_bad_dtypes(dx, dw, match):
     (dict(window_strides=(0, 1)), "`window_strides` entries must be >= 1"),
 ], ids=str)
 def test_conv_general_dilated_bad_input(kwargs, match):
-    kw = dict(window_strides=(1, 1), padding="SAME", dimension_numbers=_nhwc(2)) | kwargs
+    kw = dict(window_strides=(1, 1), padding="SAME", dimension_numbers=NHWC) | kwargs
     x = jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32)
     w = jax.ShapeDtypeStruct((3, 3, 4, 4), jnp.float32)
     with pytest.raises((ValueError, TypeError), match=match):

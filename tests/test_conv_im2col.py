@@ -11,7 +11,6 @@ x86-64 kernels are checked in subprocesses.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -26,7 +25,7 @@ from jax import lax
 
 import jaxdnn
 
-from util import assert_close, rand
+from util import ConvCase, assert_close, channels_last, rand
 
 ALGO = "im2col_gemm"
 
@@ -38,25 +37,10 @@ def _on_the_cpu():
         yield
 
 
-@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: a static jit argument
-class Case:
-    name: str
-    x_shape: tuple
-    w_shape: tuple
-    kw: dict  # jaxdnn.conv_general_dilated / lax.conv_general_dilated keyword arguments
-
-    def __str__(self):
-        return self.name
-
-
-def _cl(nd):
-    return {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"),
-            3: ("NDHWC", "DHWIO", "NDHWC")}[nd]
-
-
 def _case(name, x, w, strides, padding, **kw):
-    return Case(name, x, w, dict(window_strides=strides, padding=padding,
-                                 dimension_numbers=kw.pop("dnums", _cl(len(x) - 2)), **kw))
+    dnums = kw.pop("dnums", channels_last(len(x) - 2))
+    return ConvCase(name, x, w, dict(window_strides=strides, padding=padding,
+                                     dimension_numbers=dnums, **kw))
 
 
 CASES = [
@@ -164,7 +148,7 @@ def test_conv_api_and_workspace():
     x, w = rand(rng, (2, 10, 10, 8)), rand(rng, (3, 3, 8, 16))
     y = jaxdnn.conv(x, w, stride=2, padding=1, algo=ALGO)
     ref = lax.conv_general_dilated(x.astype(np.float64), w.astype(np.float64), (2, 2),
-                                   [(1, 1), (1, 1)], dimension_numbers=_cl(2))
+                                   [(1, 1), (1, 1)], dimension_numbers=channels_last(2))
     assert_close(y, ref, jnp.float32)
     spec = jaxdnn.ConvSpec(lhs_shape=(2, 1, 10, 10, 8), rhs_shape=(1, 3, 3, 8, 16),
                            stride=(1, 2, 2), padding=((0, 0), (1, 1), (1, 1)),
@@ -236,8 +220,9 @@ def _run_workers(tmp_path, envs, names):
     for i, extra in enumerate(envs):
         path = str(tmp_path / f"worker{i}.npz")
         env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
+        # cwd outside the source tree: `python -c` puts the cwd first on sys.path.
         procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, here, json.dumps(names),
-                                       path], env=env, stdout=subprocess.PIPE,
+                                       path], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
         files.append(path)
     for p in procs:

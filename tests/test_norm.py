@@ -14,7 +14,7 @@ from jax.test_util import check_grads
 
 import jaxdnn
 from jaxdnn import _ffi
-from tests.util import DTYPES, PLATFORMS, TOL, assert_close, on, rand
+from util import DTYPES, PLATFORMS, TOL, assert_close, on, rand
 
 EPS = float(np.float32(1e-5))  # the ops use eps as float32; so do the references
 

@@ -14,7 +14,7 @@ from jax import lax
 from jax.test_util import check_grads
 
 import jaxdnn
-from tests.util import DTYPES, PLATFORMS, assert_close, device, has_gpu, on, rand
+from util import DTYPES, PLATFORMS, assert_close, device, has_gpu, on, rand
 
 CPU = jax.devices("cpu")[0]
 

@@ -154,7 +154,9 @@ def test_cache_survives_processes_and_concurrent_writers(tmp_path):
         for i in range(20):
             c.put(f"{{sys.argv[1]}}-{{i}}", [dict(name="a", time_s=float(i))])
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", script, f"w{k}"]) for k in range(4)]
+    # cwd outside the source tree: `python -c` puts the cwd first on sys.path.
+    procs = [subprocess.Popen([sys.executable, "-c", script, f"w{k}"], cwd=tmp_path)
+             for k in range(4)]
     assert all(p.wait(timeout=120) == 0 for p in procs)
     fresh = tuning.TuningCache(str(tmp_path), "cpu", "v-test", device="dev")
     for k in range(4):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -76,3 +77,22 @@ def assert_close(out, ref, dtype, *, tol=None, what=""):
     tol = TOL[np.dtype(dtype)] if tol is None else tol
     err = rel_l2(out[finite], ref[finite])
     assert err <= tol, f"{what}: relative L2 error {err:.3e} > {tol:.1e}"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: usable as a static argument
+class ConvCase:
+    """A named convolution problem: shapes plus jax.lax.conv_general_dilated keywords."""
+
+    name: str
+    x_shape: tuple
+    w_shape: tuple
+    kw: dict
+
+    def __str__(self):
+        return self.name
+
+
+def channels_last(nd: int) -> tuple[str, str, str]:
+    """conv dimension_numbers for channels-last data and a W..IO filter of `nd` spatial dims."""
+    return {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"),
+            3: ("NDHWC", "DHWIO", "NDHWC")}[nd]

@@ -503,6 +503,19 @@ def rms_norm(x, scale, *, axis=-1, eps: float = 1e-5):
     return _row_norm("jaxdnn.rms_norm", x, scale, None, axis, eps, False)
 
 
+def _per_channel(api, x, scale, bias, axis, eps):
+    """Checked (x, eps, scale, bias) of a batch norm over channel `axis`, and its problem."""
+    x = _check_x(x, api)
+    eps = _check_eps(eps, api)
+    ax = _axis(axis, x.ndim, api)
+    c = x.shape[ax]
+    sd = stat_dtype(x.dtype)
+    scale = _param(scale, "scale", (c,), sd, 1, api)
+    bias = _param(bias, "bias", (c,), sd, 0, api)
+    shape = NormShape(P=1, A=math.prod(x.shape[:ax]), C=c, K=1, T=math.prod(x.shape[ax + 1:]))
+    return x, eps, scale, bias, shape
+
+
 def batch_norm(x, scale, bias, *, axis: int = -1, eps: float = 1e-5):
     """Batch normalisation in training mode.
 
@@ -514,14 +527,8 @@ def batch_norm(x, scale, bias, *, axis: int = -1, eps: float = 1e-5):
     scale/bias: shape ``(C,)`` or None.
     """
     api = "jaxdnn.batch_norm"
-    x = _check_x(x, api)
-    eps = _check_eps(eps, api)
-    ax = _axis(axis, x.ndim, api)
-    c = x.shape[ax]
-    sd = stat_dtype(x.dtype)
-    scale = _param(scale, "scale", (c,), sd, 1, api)
-    bias = _param(bias, "bias", (c,), sd, 0, api)
-    shape = NormShape(P=1, A=math.prod(x.shape[:ax]), C=c, K=1, T=math.prod(x.shape[ax + 1:]))
+    x, eps, scale, bias, shape = _per_channel(api, x, scale, bias, axis, eps)
+    c = shape.C
     y, mean, var = _train(x, scale, bias, shape, eps, True)
     return y, mean.reshape(c), var.reshape(c)
 
@@ -531,18 +538,12 @@ def batch_norm_inference(x, scale, bias, mean, var, *, axis: int = -1, eps: floa
     ``(x - mean) / sqrt(var + eps) * scale + bias`` per channel `axis`. mean, var, scale and
     bias have shape ``(C,)`` (scale/bias may be None); all inputs are differentiable."""
     api = "jaxdnn.batch_norm_inference"
-    x = _check_x(x, api)
-    eps = _check_eps(eps, api)
-    ax = _axis(axis, x.ndim, api)
-    c = x.shape[ax]
-    sd = stat_dtype(x.dtype)
-    scale = _param(scale, "scale", (c,), sd, 1, api)
-    bias = _param(bias, "bias", (c,), sd, 0, api)
+    x, eps, scale, bias, shape = _per_channel(api, x, scale, bias, axis, eps)
+    c, sd = shape.C, stat_dtype(x.dtype)
     if mean is None or var is None:
         raise TypeError(f"{api}: `mean` and `var` are required")
     mean = _param(mean, "mean", (c,), sd, 0, api)
     var = _param(var, "var", (c,), sd, 0, api)
-    shape = NormShape(P=1, A=math.prod(x.shape[:ax]), C=c, K=1, T=math.prod(x.shape[ax + 1:]))
     y = norm_infer_p.bind(x.reshape(-1), scale, bias, mean, var, shape=shape, eps=eps)
     return y.reshape(x.shape)
 
