@@ -92,12 +92,13 @@ def test_mlp_and_bfloat16_run():
 
 
 def test_command_line(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-m", "jaxdnn.examples.train_mlp", "--epochs", "1",
-                          "--plot", str(tmp_path / "p.png"), "--benchmark", "--algo", "direct"],
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXDNN_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-m", "jaxdnn.examples.train_cnn", "--epochs", "1",
+                          "--plot", str(tmp_path / "p.png"), "--benchmark"],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "final test accuracy" in out.stdout and "--benchmark" in out.stdout
+    assert "final test accuracy" in out.stdout
+    assert list((tmp_path / "cache").glob("conv-cpu-*.json")), "--benchmark tuned the convs"
     bad = subprocess.run([sys.executable, "-m", "jaxdnn.examples.train_cnn", "--epochs", "0"],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert bad.returncode != 0 and "--epochs must be >= 1" in bad.stderr

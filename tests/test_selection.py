@@ -230,3 +230,26 @@ def test_explain_lists_every_call_with_reasons():
     assert all(r.workspace_bytes == 0 for r in rows)
     forced = jaxdnn.explain(lambda x, w: jaxdnn.conv(x, w, algo="direct"), x, w, platform="cpu")
     assert forced[0].reason == "forced" and "direct" in str(forced)
+
+
+def test_deterministic_training_step_is_bitwise_reproducible():
+    """deterministic=True: a CNN training step (every conv direction, batch norm, pooling,
+    activations, softmax) gives the same bits twice."""
+    from jaxdnn.examples import models
+
+    init, apply = models.MODELS["cnn"]
+    params, state = init(jax.random.key(0), (8, 8, 1), 10, width=8)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 8, 8, 1)).astype(np.float32)
+    y = rng.integers(0, 10, 16)
+    with jaxdnn.config(deterministic=True):
+        step = jax.jit(jax.value_and_grad(
+            partial(models.loss_fn, apply, models.jaxdnn_ops(), jnp.float32), has_aux=True))
+        first = jax.tree.leaves(step(params, state, x, y))
+        again = jax.tree.leaves(step(params, state, x, y))
+        assert all(r.reason.startswith(("heuristic", "forced")) and
+                   {a.name: a for a in jaxdnn.conv_algorithms(r.problem, "cpu")}[r.algo]
+                   .deterministic for r in jaxdnn.explain(step, params, state, x, y,
+                                                          platform="cpu"))
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

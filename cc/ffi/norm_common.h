@@ -111,6 +111,22 @@ inline ffi::Error prepare_norm_infer(const ffi::AnyBuffer& x, const ffi::AnyBuff
   return ffi::Error::Success();
 }
 
+// The operands both backward kernels share.
+inline void set_bwd_buffers(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
+                            const ffi::AnyBuffer& scale, const ffi::AnyBuffer& mean,
+                            const ffi::AnyBuffer& var, ffi::AnyBuffer& dx, ffi::AnyBuffer& dscale,
+                            ffi::AnyBuffer& dbias, ffi::AnyBuffer& ws, norm::BwdBuffers* b) {
+  b->dy = dy.untyped_data();
+  b->x = x.untyped_data();
+  b->scale = scale.untyped_data();
+  b->mean = mean.untyped_data();
+  b->var = var.untyped_data();
+  b->dx = dx.untyped_data();
+  b->dscale = dscale.untyped_data();
+  b->dbias = dbias.untyped_data();
+  b->ws = ws.untyped_data();
+}
+
 // Training backward: dmean/dvar are the cotangents of the statistics outputs.
 inline ffi::Error prepare_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& dmean,
                                    const ffi::AnyBuffer& dvar, const ffi::AnyBuffer& x,
@@ -128,18 +144,10 @@ inline ffi::Error prepare_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffe
                                   c.workspace(ws, norm::bwd_workspace_bytes(p->s, p->dtype))});
       e.failure())
     return e;
+  set_bwd_buffers(dy, x, scale, mean, var, dx, dscale, dbias, ws, b);
   b->training = true;
-  b->dy = dy.untyped_data();
   b->dmean = dmean.untyped_data();
   b->dvar = dvar.untyped_data();
-  b->x = x.untyped_data();
-  b->scale = scale.untyped_data();
-  b->mean = mean.untyped_data();
-  b->var = var.untyped_data();
-  b->dx = dx.untyped_data();
-  b->dscale = dscale.untyped_data();
-  b->dbias = dbias.untyped_data();
-  b->ws = ws.untyped_data();
   return ffi::Error::Success();
 }
 
@@ -160,18 +168,10 @@ inline ffi::Error prepare_norm_infer_bwd(const ffi::AnyBuffer& dy, const ffi::An
                                   c.workspace(ws, norm::bwd_workspace_bytes(p->s, p->dtype))});
       e.failure())
     return e;
+  set_bwd_buffers(dy, x, scale, mean, var, dx, dscale, dbias, ws, b);
   b->training = false;
-  b->dy = dy.untyped_data();
-  b->x = x.untyped_data();
-  b->scale = scale.untyped_data();
-  b->mean = mean.untyped_data();
-  b->var = var.untyped_data();
-  b->dx = dx.untyped_data();
-  b->dscale = dscale.untyped_data();
-  b->dbias = dbias.untyped_data();
   b->dmean_out = dmean.untyped_data();
   b->dvar_out = dvar.untyped_data();
-  b->ws = ws.untyped_data();
   return ffi::Error::Success();
 }
 

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxdnn
+
 from . import data as data_lib
 from .models import MODELS, jaxdnn_ops, lax_ops, loss_fn, predict
 from .optim import OPTIMIZERS, cosine_decay
@@ -129,9 +131,8 @@ def train(args) -> dict:
     print(f"jaxdnn {args.model} on {ds.name}: {len(ds.x_train)} train / {len(ds.x_test)} test "
           f"images {ds.image_shape}, {args.dtype}, batch {args.batch_size}, {args.optimizer} "
           f"lr {args.lr}, device {jax.devices()[0].device_kind}")
-    if args.benchmark:
-        print("note: --benchmark is accepted but has no effect yet: benchmark-mode algorithm "
-              "selection (jaxdnn.config) is not implemented in this version")
+    if args.benchmark:  # time the applicable conv algorithms once per shape, cache the winner
+        jaxdnn.config(benchmark=True)
 
     rng = np.random.default_rng(args.seed)
     history = {"step_loss": [], "epoch_acc": []}
