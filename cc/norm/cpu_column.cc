@@ -247,40 +247,39 @@ JAXDNN_COLUMN_TASKS(f16_t)
 JAXDNN_COLUMN_TASKS(bf16_t)
 #undef JAXDNN_COLUMN_TASKS
 
-template <typename T>
-void column_stats(const FwdView<T>& v, const Parallel& par) {
+// Runs task(tile, slices, scratch) on every tile of the column problem, each task with its
+// own `planes` x kColumns scratch values.
+template <typename T, typename View, typename Task>
+void over_tiles(const View& v, const Parallel& par, int planes, Task&& task) {
   const Tiling tl(v.s);
   par.for_each(tl.count(v.s), [&](int64_t i) {
-    std::vector<S<T>> buf(3 * kColumns);
-    column_stats_task(v, tl.tile(v.s, i), tl.S, buf.data());
+    std::vector<S<T>> buf(planes * kColumns);
+    task(tl.tile(v.s, i), tl.S, buf.data());
+  });
+}
+
+template <typename T>
+void column_stats(const FwdView<T>& v, const Parallel& par) {
+  over_tiles<T>(v, par, 3, [&](auto tile, auto slices, S<T>* buf) {
+    column_stats_task(v, tile, slices, buf);
   });
 }
 
 template <typename T>
 void column_apply(const FwdView<T>& v, const Parallel& par) {
-  const Tiling tl(v.s);
-  par.for_each(tl.count(v.s), [&](int64_t i) {
-    std::vector<S<T>> buf(3 * kColumns);
-    column_apply_task(v, tl.tile(v.s, i), buf.data());
-  });
+  over_tiles<T>(v, par, 3, [&](auto tile, auto, S<T>* buf) { column_apply_task(v, tile, buf); });
 }
 
 template <typename T>
 void column_grads(const BwdView<T>& v, const Parallel& par) {
-  const Tiling tl(v.s);
-  par.for_each(tl.count(v.s), [&](int64_t i) {
-    std::vector<S<T>> buf(4 * kColumns);
-    column_grads_task(v, tl.tile(v.s, i), tl.S, buf.data());
+  over_tiles<T>(v, par, 4, [&](auto tile, auto slices, S<T>* buf) {
+    column_grads_task(v, tile, slices, buf);
   });
 }
 
 template <typename T>
 void column_dx(const BwdView<T>& v, const Parallel& par) {
-  const Tiling tl(v.s);
-  par.for_each(tl.count(v.s), [&](int64_t i) {
-    std::vector<S<T>> buf(4 * kColumns);
-    column_dx_task(v, tl.tile(v.s, i), buf.data());
-  });
+  over_tiles<T>(v, par, 4, [&](auto tile, auto, S<T>* buf) { column_dx_task(v, tile, buf); });
 }
 
 JAXDNN_NORM_CPU_INSTANTIATE(column_stats, FwdView);
