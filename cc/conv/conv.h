@@ -76,6 +76,21 @@ JAXDNN_HD int64_t input_index(int64_t u, int64_t in, int64_t lhs_dil) {
   return u / lhs_dil;
 }
 
+// Input index along `axis` read by output o through tap f, or -1 on padding or a hole.
+JAXDNN_HD int64_t in_idx(const Problem& p, int axis, int64_t o, int64_t f) {
+  return input_index(dilated_coord(o, f, p.stride[axis], p.pad_lo[axis], p.rhs_dil[axis]),
+                     p.in[axis], p.lhs_dil[axis]);
+}
+
+// Output index along `axis` that reads input i through tap f, or -1 if none does (the inverse
+// of in_idx, used by gather-style backward-data kernels).
+JAXDNN_HD int64_t out_idx(const Problem& p, int axis, int64_t i, int64_t f) {
+  const int64_t num = i * p.lhs_dil[axis] + p.pad_lo[axis] - f * p.rhs_dil[axis];
+  if (num < 0 || num % p.stride[axis] != 0) return -1;
+  const int64_t o = num / p.stride[axis];
+  return o < p.out[axis] ? o : -1;
+}
+
 // Output size along one axis (0 when the window does not fit anywhere).
 inline int64_t out_size(int64_t in, int64_t filt, int64_t stride, int64_t pad_lo, int64_t pad_hi,
                         int64_t lhs_dil, int64_t rhs_dil) {

@@ -12,20 +12,6 @@
 namespace jaxdnn::conv {
 namespace {
 
-// Input index along one axis for output o and tap f, or -1 on padding.
-inline int64_t in_idx(const Problem& p, int a, int64_t o, int64_t f) {
-  return input_index(dilated_coord(o, f, p.stride[a], p.pad_lo[a], p.rhs_dil[a]), p.in[a],
-                     p.lhs_dil[a]);
-}
-
-// Output index along one axis that reads input i through tap f, or -1 if none does.
-inline int64_t out_idx(const Problem& p, int a, int64_t i, int64_t f) {
-  int64_t num = i * p.lhs_dil[a] + p.pad_lo[a] - f * p.rhs_dil[a];
-  if (num < 0 || num % p.stride[a] != 0) return -1;
-  int64_t o = num / p.stride[a];
-  return o < p.out[a] ? o : -1;
-}
-
 template <typename In, typename Out>
 void fwd(const Problem& p, const In* x, const In* w, Out* y, const Parallel& par) {
   const int64_t D = p.in[0], H = p.in[1], W = p.in[2], C = p.C, K = p.K;

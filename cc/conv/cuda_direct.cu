@@ -21,18 +21,6 @@ using cuda::device_t;
 using cuda::from_acc;
 using cuda::to_acc;
 
-__device__ __forceinline__ int64_t in_idx(const Problem& p, int a, int64_t o, int64_t f) {
-  return input_index(dilated_coord(o, f, p.stride[a], p.pad_lo[a], p.rhs_dil[a]), p.in[a],
-                     p.lhs_dil[a]);
-}
-
-__device__ __forceinline__ int64_t out_idx(const Problem& p, int a, int64_t i, int64_t f) {
-  int64_t num = i * p.lhs_dil[a] + p.pad_lo[a] - f * p.rhs_dil[a];
-  if (num < 0 || num % p.stride[a] != 0) return -1;
-  int64_t o = num / p.stride[a];
-  return o < p.out[a] ? o : -1;
-}
-
 template <typename In, typename Out>
 __global__ void direct_fwd_kernel(Problem p, const In* __restrict__ x, const In* __restrict__ w,
                                   Out* __restrict__ y) {

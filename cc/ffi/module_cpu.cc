@@ -1,6 +1,7 @@
 // jaxdnn._cpu: the CPU handlers and the CPU conv algorithm registry, as seen from Python.
 
 #include "cc/conv/cpu_algorithms.h"
+#include "cc/norm/norm.h"
 #include "cc/ffi/module_common.h"
 
 namespace nb = nanobind;
@@ -13,6 +14,18 @@ ffi_util::HandlerList& ffi_util::cpu_handlers() {
 
 NB_MODULE(_cpu, m) {
   m.def("registrations", [] { return ffi_util::to_registrations(ffi_util::cpu_handlers()); });
+  // Workspace bytes of the norm kernels for a canonical shape (P, A, C, K, T, Q) and the dtype
+  // of x: the single definition (cc/norm/norm.h), which jaxdnn/ops/norm.py sizes outputs by.
+  m.def(
+      "norm_workspace_bytes",
+      [](std::string direction, std::vector<int64_t> shape, std::string x_dtype) -> int64_t {
+        if (shape.size() != 6) throw std::invalid_argument("norm shape needs 6 entries");
+        const norm::Shape s{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5]};
+        if (direction == "fwd") return norm::fwd_workspace_bytes(s);
+        if (direction == "bwd") return norm::bwd_workspace_bytes(s, ffi_util::dtype_from_name(x_dtype));
+        throw std::invalid_argument("norm workspace direction must be fwd or bwd");
+      },
+      nb::arg("direction"), nb::arg("shape"), nb::arg("x_dtype"));
   m.def("ffi_api_version", [] { return nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   m.def(
       "conv_algorithms",

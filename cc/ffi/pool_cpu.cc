@@ -3,7 +3,7 @@
 
 #include "cc/ffi/cpu_parallel.h"
 #include "cc/ffi/handlers.h"
-#include "cc/pool/ffi_call.h"
+#include "cc/ffi/pool_common.h"
 
 namespace jaxdnn::ffi_util {
 namespace {

@@ -6,7 +6,7 @@
 #include "cc/ffi/cuda_common.h"
 #include "cc/ffi/handlers.h"
 #include "cc/pool/cuda_pool.h"
-#include "cc/pool/ffi_call.h"
+#include "cc/ffi/pool_common.h"
 
 namespace jaxdnn::ffi_util {
 namespace {

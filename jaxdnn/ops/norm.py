@@ -53,7 +53,6 @@ __all__ = ["batch_norm", "batch_norm_inference", "group_norm", "layer_norm", "rm
 
 SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16,
                                                 jnp.bfloat16))
-ROW_BWD_MAX_SLICES = 512  # cc/norm/norm.h: kRowBwdMaxSlices
 
 
 def stat_dtype(dtype) -> np.dtype:
@@ -62,7 +61,7 @@ def stat_dtype(dtype) -> np.dtype:
 
 
 # ----------------------------------------------------------------------------------------------
-# The canonical problem (mirrors cc/norm/norm.h; the workspace sizes must agree with it)
+# The canonical problem (cc/norm/norm.h)
 # ----------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -90,35 +89,16 @@ class NormShape:
     def n(self) -> int:  # values per statistics group
         return self.A * self.K * self.T
 
-    @property
-    def path(self) -> str:
-        if self.T > 1:
-            return "segment"
-        return "column" if self.A > 1 else "row"
-
-    def rows_per_slice(self) -> int:
-        if self.path != "column":
-            return 1
-        return min(512, max(16, -(-65536 // max(self.C * self.K, 1))))
-
-    def slices(self) -> int:
-        return -(-self.A // self.rows_per_slice())
+    def workspace(self, direction: str, dtype) -> int:
+        """Bytes of kernel scratch (cc/norm/norm.h, the one definition, via the CPU module)."""
+        return _ffi._cpu.norm_workspace_bytes(
+            direction, [self.P, self.A, self.C, self.K, self.T, self.Q], np.dtype(dtype).name)
 
     def fwd_workspace(self, dtype) -> int:
-        """Bytes: two double planes of partials (cc/norm/norm.h: fwd_workspace_bytes)."""
-        del dtype
-        if self.path == "row":
-            return 0
-        return 16 * self.P * self.slices() * self.C * self.K
+        return self.workspace("fwd", dtype)
 
     def bwd_workspace(self, dtype) -> int:
-        """Bytes, in the statistics dtype (cc/norm/norm.h: bwd_workspace_bytes)."""
-        ck = self.C * self.K
-        if self.path == "row":
-            elems = 2 * self.Q * min(self.P // self.Q, ROW_BWD_MAX_SLICES) * ck
-        else:
-            elems = 2 * self.P * self.slices() * ck + 2 * self.P * self.C
-        return elems * stat_dtype(dtype).itemsize
+        return self.workspace("bwd", dtype)
 
     def batched(self, v: int) -> NormShape:
         return dataclasses.replace(self, P=v * self.P, Q=v * self.Q)

@@ -1,6 +1,5 @@
 // Decoding of the pooling custom calls, shared by the CPU and CUDA handlers
-// (cc/ffi/pool_cpu.cc, cc/ffi/pool_cuda.cc). FFI-layer code: it belongs in
-// cc/ffi/pool_common.h and lives here only because the op family owns cc/pool/*.
+// (cc/ffi/pool_cpu.cc, cc/ffi/pool_cuda.cc).
 //
 // Every pooling target has the same binding: its operands and results (how many depends on
 // the op, see pool.h) and the attributes window, stride, pad_lo, pad_hi (3 ints each, for the
