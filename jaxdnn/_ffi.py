@@ -64,16 +64,27 @@ def attr(value: Any):
     return value
 
 
+# An attrs_fn key (not an attribute): the custom call gets one more result, a uint8 buffer of
+# this many bytes that XLA allocates and the handler uses as scratch; the rule drops it.
+WORKSPACE = "__workspace_bytes__"
+
+
 def lowering(target: str, attrs_fn):
     """Builds a per-platform lowering rule for `target`. ``attrs_fn(platform, ctx, **params)``
-    returns the handler attributes (it may raise a Python error, which surfaces at trace
-    time)."""
+    returns the handler attributes, plus optionally ``WORKSPACE`` (it may raise a Python error,
+    which surfaces at trace time)."""
 
     def make(platform: str):
         def rule(ctx, *args, **params):
             module_for(platform)
-            attrs = {k: attr(v) for k, v in attrs_fn(platform, ctx, **params).items()}
-            return jax.ffi.ffi_lowering(target)(ctx, *args, **attrs)
+            attrs = dict(attrs_fn(platform, ctx, **params))
+            workspace = attrs.pop(WORKSPACE, None)
+            attrs = {k: attr(v) for k, v in attrs.items()}
+            if workspace is None:
+                return jax.ffi.ffi_lowering(target)(ctx, *args, **attrs)
+            scratch = jax.core.ShapedArray((int(workspace),), np.uint8)
+            ctx = ctx.replace(avals_out=[*ctx.avals_out, scratch])
+            return jax.ffi.ffi_lowering(target)(ctx, *args, **attrs)[:-1]
 
         return rule
 

@@ -127,6 +127,7 @@ struct Args {
   Problem p;
   DType in = DType::kF32;   // dtype of the two operands
   DType out = DType::kF32;  // dtype of the result
+  bool tf32 = false;        // float32 operands may be rounded to TF32 (lax's default precision)
 };
 
 // The three buffers of a call, named by role in the *forward* problem. For kFwd, x and w are

@@ -23,6 +23,10 @@ struct CudaAlgorithm {
 };
 
 extern const CudaAlgorithm kCudaDirect;  // cuda_direct.cu: the GPU oracle
+// cuda_implicit_gemm.cu: tensor-core implicit GEMM, plain and split-K (ordered / atomic)
+extern const CudaAlgorithm kCudaImplicitGemm;
+extern const CudaAlgorithm kCudaImplicitGemmSplitK;
+extern const CudaAlgorithm kCudaImplicitGemmSplitKAtomic;
 
 const std::vector<const CudaAlgorithm*>& cuda_algorithms();
 const CudaAlgorithm* find_cuda_algorithm(const char* name);

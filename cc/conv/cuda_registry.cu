@@ -7,6 +7,9 @@ namespace jaxdnn::conv {
 const std::vector<const CudaAlgorithm*>& cuda_algorithms() {
   static const std::vector<const CudaAlgorithm*> kAll = {
       &kCudaDirect,
+      &kCudaImplicitGemm,
+      &kCudaImplicitGemmSplitK,
+      &kCudaImplicitGemmSplitKAtomic,
   };
   return kAll;
 }

@@ -15,13 +15,15 @@ namespace jaxdnn::ffi_util {
 
 using I64Span = ffi::Span<const int64_t>;
 
-// Operands of every conv custom call, in order: a, b -> result, where (a, b, result) is
-// (x, w, y) for fwd, (dy, w, dx) for bwd_data and (x, dy, dw) for bwd_filter. All rank 5 in
-// the canonical layouts of cc/conv/conv.h.
+// Operands of every conv custom call, in order: a, b -> result, workspace, where (a, b, result)
+// is (x, w, y) for fwd, (dy, w, dx) for bwd_data and (x, dy, dw) for bwd_filter, all rank 5 in
+// the canonical layouts of cc/conv/conv.h, and workspace is the chosen algorithm's scratch
+// (uint8, workspace_bytes long; allocated by XLA so the call stays graph-capturable).
 template <typename Binding>
 auto bind_conv(Binding b) {
   return std::move(b).template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>()
       .template Attr<I64Span>("stride")
       .template Attr<I64Span>("pad_lo")
@@ -29,12 +31,14 @@ auto bind_conv(Binding b) {
       .template Attr<I64Span>("lhs_dilation")
       .template Attr<I64Span>("rhs_dilation")
       .template Attr<int64_t>("groups")
+      .template Attr<bool>("tf32")
       .template Attr<std::string_view>("algo");
 }
 
 struct ConvAttrs {
   I64Span stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation;
   int64_t groups;
+  bool tf32;
 };
 
 // Builds and validates the problem of a call. On failure returns an error message.
@@ -67,6 +71,7 @@ inline std::string make_args(conv::Direction dir, const ffi::AnyBuffer& a, const
     return "conv operands must be two arrays of one float dtype";
   out->in = *in_t;
   out->out = *out_t;
+  out->tf32 = at.tf32;
   return {};
 }
 
@@ -100,8 +105,8 @@ ffi::Error prepare_conv_call(conv::Direction dir, const ffi::AnyBuffer& a, const
   return ffi::Error::Success();
 }
 
-// Python encodes a problem as 31 ints: N C K G, in[3], filt[3], out[3], stride[3], pad_lo[3],
-// pad_hi[3], lhs_dil[3], rhs_dil[3] (jaxdnn/ops/conv.py: ConvSpec.encode()).
+// Python encodes a problem as 29 ints: N C K G, in[3], filt[3], out[3], stride[3], pad_lo[3],
+// pad_hi[3], lhs_dil[3], rhs_dil[3], tf32 (jaxdnn/ops/conv.py: ConvSpec.encode()).
 inline conv::Problem decode_problem(const std::vector<int64_t>& v) {
   conv::Problem p;
   p.N = v.at(0); p.C = v.at(1); p.K = v.at(2); p.G = v.at(3);

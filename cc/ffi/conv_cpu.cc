@@ -13,13 +13,13 @@ namespace {
 
 template <conv::Direction kDir>
 ffi::Error ConvCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                   ffi::Result<ffi::AnyBuffer> result, I64Span stride, I64Span pad_lo,
-                   I64Span pad_hi, I64Span lhs_dilation, I64Span rhs_dilation, int64_t groups,
-                   std::string_view algo) {
+                   ffi::Result<ffi::AnyBuffer> result, ffi::Result<ffi::AnyBuffer> /*workspace*/,
+                   I64Span stride, I64Span pad_lo, I64Span pad_hi, I64Span lhs_dilation,
+                   I64Span rhs_dilation, int64_t groups, bool tf32, std::string_view algo) {
   conv::Args args;
   const conv::CpuAlgorithm* alg = nullptr;
   ffi::Error e = prepare_conv_call(
-      kDir, a, b, *result, {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups}, algo,
+      kDir, a, b, *result, {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups, tf32}, algo,
       conv::find_cpu_algorithm, &args, &alg);
   if (e.failure() || result->element_count() == 0) return e;
   poison_host(*result);

@@ -15,19 +15,23 @@ namespace {
 
 template <conv::Direction kDir>
 ffi::Error ConvCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                    ffi::Result<ffi::AnyBuffer> result, I64Span stride, I64Span pad_lo,
-                    I64Span pad_hi, I64Span lhs_dilation, I64Span rhs_dilation, int64_t groups,
-                    std::string_view algo) {
+                    ffi::Result<ffi::AnyBuffer> result, ffi::Result<ffi::AnyBuffer> workspace,
+                    I64Span stride, I64Span pad_lo, I64Span pad_hi, I64Span lhs_dilation,
+                    I64Span rhs_dilation, int64_t groups, bool tf32, std::string_view algo) {
   conv::Args args;
   const conv::CudaAlgorithm* alg = nullptr;
   ffi::Error e = prepare_conv_call(
-      kDir, a, b, *result, {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups}, algo,
+      kDir, a, b, *result, {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups, tf32}, algo,
       conv::find_cuda_algorithm, &args, &alg);
   if (e.failure() || result->element_count() == 0) return e;
-  if (alg->workspace_bytes(args) != 0)
-    return ffi::Error::Internal("jaxdnn conv " + std::string(algo) + ": workspace not provided");
+  const int64_t need = alg->workspace_bytes(args);
+  if (int64_t(workspace->size_bytes()) < need)
+    return ffi::Error::Internal("jaxdnn conv " + std::string(algo) + ": workspace of " +
+                                std::to_string(workspace->size_bytes()) + " bytes, needs " +
+                                std::to_string(need));
   if (ffi::Error p = poison_device(*result, stream); p.failure()) return p;
-  return to_error(alg->run(args, conv_buffers(kDir, a, b, *result), nullptr, stream));
+  return to_error(alg->run(args, conv_buffers(kDir, a, b, *result),
+                           need > 0 ? workspace->untyped_data() : nullptr, stream));
 }
 
 }  // namespace

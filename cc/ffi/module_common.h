@@ -28,6 +28,7 @@ inline conv::Args decode_conv_args(int direction, const std::vector<int64_t>& pr
   args.p = decode_problem(problem);
   args.in = dtype_from_name(in_dtype);
   args.out = dtype_from_name(out_dtype);
+  args.tf32 = problem.at(28) != 0;
   return args;
 }
 

@@ -56,6 +56,7 @@ class ConvSpec:
     lhs_dilation: tuple[int, int, int]
     rhs_dilation: tuple[int, int, int]
     groups: int
+    tf32: bool = False  # float32 operands may be rounded to TF32 (lax's default precision)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -75,12 +76,12 @@ class ConvSpec:
         return int(np.prod(self.out_shape)) * t * r * s * cg
 
     def encode(self) -> list[int]:
-        """The 31-int form the C++ modules decode (cc/ffi/conv_common.h: decode_problem)."""
+        """The 29-int form the C++ modules decode (cc/ffi/conv_common.h: decode_problem)."""
         n, d, h, w, c = self.lhs_shape
         t, r, s, _, k = self.rhs_shape
         return [n, c, k, self.groups, d, h, w, t, r, s, *self.out_shape[1:4], *self.stride,
                 *(lo for lo, _ in self.padding), *(hi for _, hi in self.padding),
-                *self.lhs_dilation, *self.rhs_dilation]
+                *self.lhs_dilation, *self.rhs_dilation, int(self.tf32)]
 
     def replace(self, **changes) -> ConvSpec:
         return dataclasses.replace(self, **changes)
@@ -111,7 +112,8 @@ def _conv_attrs(direction):
                                        finder=_find_for_selection)
         return dict(stride=spec.stride, pad_lo=[lo for lo, _ in spec.padding],
                     pad_hi=[hi for _, hi in spec.padding], lhs_dilation=spec.lhs_dilation,
-                    rhs_dilation=spec.rhs_dilation, groups=spec.groups, algo=choice.name)
+                    rhs_dilation=spec.rhs_dilation, groups=spec.groups, tf32=spec.tf32,
+                    algo=choice.name, **{_ffi.WORKSPACE: choice.workspace_bytes})
     return attrs
 
 
@@ -417,7 +419,7 @@ def _canonical_problem(lhs, rhs, dnums, window_strides, padding, lhs_dilation, r
 
 
 def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilation,
-               feature_group_count, batch_group_count, preferred_element_type, algo,
+               feature_group_count, batch_group_count, precision, preferred_element_type, algo,
                names: _Names, *, allow_negative_padding: bool):
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     _check_dtypes(lhs, rhs, names)
@@ -430,6 +432,7 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
         lhs.astype(compute), rhs.astype(compute), dnums, window_strides, padding, lhs_dilation,
         rhs_dilation, feature_group_count, batch_group_count, names,
         allow_negative_padding=allow_negative_padding)
+    spec = spec.replace(tf32=_allows_tf32(precision, compute))
     y = _bind("fwd", x, w, spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype,
               policy=config_lib.settings().policy())
     return finish(y)
@@ -446,14 +449,13 @@ def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding,
                          precision=None, preferred_element_type=None, *, algo=None):
     """Drop-in for :func:`jax.lax.conv_general_dilated`, running jaxdnn's kernels.
 
-    Every argument has lax's meaning (negative padding included). ``precision`` is accepted
-    for compatibility; the current algorithms compute in full precision. ``algo`` (jaxdnn only)
-    forces an algorithm: one name for all three directions, or a dict such as
-    ``{"fwd": "direct"}``.
+    Every argument has lax's meaning (negative padding included); for float32, ``precision``
+    below HIGHEST lets tensor-core algorithms round operands to TF32, as XLA:GPU does.
+    ``algo`` (jaxdnn only) forces an algorithm: one name for all three directions, or a dict
+    such as ``{"fwd": "direct"}``.
     """
-    _check_precision(precision)
     return _conv_core(lhs, rhs, dimension_numbers, window_strides, padding, lhs_dilation,
-                      rhs_dilation, feature_group_count, batch_group_count,
+                      rhs_dilation, feature_group_count, batch_group_count, precision,
                       preferred_element_type, algo, _LAX_NAMES, allow_negative_padding=True)
 
 
@@ -472,13 +474,27 @@ def _layouts(layout, ndim, api):
                      f"{layout!r}")
 
 
-def _check_precision(precision):
-    if precision is None or isinstance(precision, (str, lax.Precision)):
-        return
-    if isinstance(precision, (tuple, list)) and len(precision) == 2:
-        return
-    raise TypeError(f"jaxdnn: `precision` must be None, a jax.lax.Precision, a string or a "
-                    f"pair of them, got {precision!r}")
+def _allows_tf32(precision, dtype) -> bool:
+    """Whether a float32 convolution may round its operands to TF32, with lax's meaning of
+    `precision`: XLA:GPU runs float32 convolutions in TF32 unless HIGHEST ("float32") is asked
+    for, directly or through ``jax_default_matmul_precision``. Raises TypeError on a value lax
+    would not accept."""
+    if precision is None:
+        precision = jax.config.jax_default_matmul_precision
+    if isinstance(precision, (tuple, list)):
+        if len(precision) != 2:
+            raise TypeError(f"jaxdnn: `precision` pair must have 2 entries, got {precision!r}")
+        return all(_allows_tf32(p, dtype) for p in precision)
+    if isinstance(precision, str):
+        try:
+            precision = lax.Precision(precision)
+        except ValueError:
+            raise ValueError(f"jaxdnn: unknown `precision` {precision!r}; use one of "
+                             "'default', 'high', 'highest' (or a jax.lax.Precision)") from None
+    if precision is not None and not isinstance(precision, lax.Precision):
+        raise TypeError(f"jaxdnn: `precision` must be None, a jax.lax.Precision, a string or a "
+                        f"pair of them, got {precision!r}")
+    return np.dtype(dtype) == np.float32 and precision != lax.Precision.HIGHEST
 
 
 def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, layout: str | None = None,
@@ -495,7 +511,9 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, layout: str 
       groups: feature groups; ``groups == C`` is a depthwise convolution.
       layout: one of ``NWC NCW NHWC NCHW NDHWC NCDHW``; default: channels-last of x's rank.
       algo: force an algorithm (see :func:`jaxdnn.conv_algorithms`).
-      precision: accepted for ``jax.lax`` compatibility.
+      precision: as in ``jax.lax``: for float32, anything below ``HIGHEST`` (including the
+        default) lets tensor-core algorithms round operands to TF32; ``"highest"`` keeps
+        float32 accuracy (3xTF32 on tensor cores). The CPU always computes exactly.
       preferred_element_type: output dtype (e.g. float32 for bfloat16 inputs).
     """
     x, w = jnp.asarray(x), jnp.asarray(w)
@@ -506,9 +524,8 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, layout: str 
     if len(lhs_layout) != x.ndim:
         raise ValueError(f"jaxdnn.conv: `layout` {lhs_layout!r} does not match the rank "
                          f"{x.ndim} of `x`")
-    _check_precision(precision)
     return _conv_core(x, w, (lhs_layout, rhs_layout, lhs_layout), stride, padding, None,
-                      dilation, groups, 1, preferred_element_type, algo, _CONV_NAMES,
+                      dilation, groups, 1, precision, preferred_element_type, algo, _CONV_NAMES,
                       allow_negative_padding=False)
 
 
@@ -530,7 +547,6 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
         raise ValueError(f"{api}: `x` has rank {x.ndim} but `w` has rank {w.ndim}; they must "
                          "match")
     _check_dtypes(x, w, names)
-    _check_precision(precision)
     lhs_layout, rhs_layout = _layouts(layout, x.ndim, api)
     if len(lhs_layout) != x.ndim:
         raise ValueError(f"{api}: `layout` {lhs_layout!r} does not match the rank {x.ndim} of `x`")
@@ -581,7 +597,8 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
     spec = ConvSpec(lhs_shape=(n, *pad3, *out_sp, cin_g * g),
                     rhs_shape=(*pad3, *wc.shape),
                     stride=pad3 + strides, padding=((0, 0),) * (3 - nd) + tuple(fwd_pads),
-                    lhs_dilation=(1, 1, 1), rhs_dilation=pad3 + dil, groups=int(g))
+                    lhs_dilation=(1, 1, 1), rhs_dilation=pad3 + dil, groups=int(g),
+                    tf32=_allows_tf32(precision, compute))
     if spec.out_shape[1:4] != (*pad3, *in_sp):
         raise ValueError(f"{api}: the padding {pads} and output_padding {out_pad} are "
                          f"inconsistent with the input size {tuple(in_sp)}")
@@ -675,6 +692,7 @@ class FindResult:
 # Relative L2 error an algorithm may show against the direct oracle, by output dtype.
 _FIND_TOL = {np.dtype(jnp.float64): 1e-9, np.dtype(jnp.float32): 1e-4,
              np.dtype(jnp.float16): 2e-2, np.dtype(jnp.bfloat16): 2e-2}
+_FIND_TOL_TF32 = 5e-3  # float32 problems whose precision allows TF32
 
 
 def _run_algorithm(name, direction, spec, out_dtype):
@@ -711,7 +729,8 @@ def _find(spec, direction, dtype, out_dtype, platform, *, repeats=5, seed=0):
             continue
         fn = _run_algorithm(info.name, direction, spec, out_dtype)
         err = _rel_l2(fn(*inputs[0]), ref)
-        if not err <= _FIND_TOL[np.dtype(out_dtype)]:
+        tol = _FIND_TOL_TF32 if spec.tf32 else _FIND_TOL[np.dtype(out_dtype)]
+        if not err <= tol:
             results.append(FindResult(time_s=float("inf"), ok=False, error=err,
                                       reason=f"wrong result: relative error {err:.2e}", **base))
             continue

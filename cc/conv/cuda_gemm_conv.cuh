@@ -1,0 +1,202 @@
+// Conv-as-GEMM plumbing shared by implicit_gemm, implicit_precomp_gemm and im2col_gemm: the
+// GEMM shape of each direction, tile and split-K choice, support rules, the launch, and the
+// split-K reductions. Each algorithm file only chooses its operand loaders.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cc/common/cuda_util.h"
+#include "cc/conv/cuda_algorithms.h"
+#include "cc/conv/cuda_gemm_core.cuh"
+#include "cc/conv/cuda_gemm_operands.cuh"
+
+namespace jaxdnn::conv::gemm {
+
+// One group's GEMM: C(M, N) = A(M, Kd) B(Kd, N); see cuda_gemm_core.cuh.
+struct Shape {
+  int64_t M, N, Kd;
+};
+
+inline Shape shape_of(const Args& a) {
+  const Problem& p = a.p;
+  const int64_t taps = p.filt_spatial();
+  switch (a.dir) {
+    case Direction::kFwd: return {p.N * p.out_spatial(), p.Kg(), taps * p.Cg()};
+    case Direction::kBwdData: return {p.N * p.in_spatial(), p.Cg(), taps * p.Kg()};
+    case Direction::kBwdFilter: return {taps * p.Cg(), p.Kg(), p.N * p.out_spatial()};
+  }
+  return {0, 0, 0};
+}
+
+inline int elem_bytes(DType t) { return t == DType::kF64 ? 8 : (t == DType::kF32 ? 4 : 2); }
+
+// Tiles: (BM, BN) = (128, 64) with 4 warps when the GEMM's N is at most 64 (ResNet's 64-channel
+// layers would waste half of a 128-wide tile), else (128, 128) with 8 warps; warp tile 64 x 32,
+// 4 stages (48 / 64 KB of shared memory).
+template <typename T> using TileNarrow = Tile<T, 128, 64, 64, 32, 4>;
+template <typename T> using TileWide = Tile<T, 128, 128, 64, 32, 4>;
+
+constexpr int kTileM = 128;
+inline int tile_n(int64_t N) { return N <= 64 ? 64 : 128; }
+inline int slice_elems(const Args& a) { return kSliceBytes / elem_bytes(a.in); }
+
+template <typename T, typename Fn>
+Status with_tile(int64_t N, Fn&& fn) {
+  if (N <= 64) return fn(TileNarrow<T>{});
+  return fn(TileWide<T>{});
+}
+
+template <Mode M> struct ModeTag { static constexpr Mode kMode = M; };
+
+// The tensor-core mode of a call: bf16/f16 as given, float32 as TF32 when the caller's
+// precision allows it, else 3xTF32 (float32 accuracy).
+template <typename Fn>
+Status with_mode(const Args& a, Fn&& fn) {
+  switch (a.in) {
+    case DType::kBF16: return fn(ModeTag<Mode::kBf16>{});
+    case DType::kF16: return fn(ModeTag<Mode::kF16>{});
+    case DType::kF32: return a.tf32 ? fn(ModeTag<Mode::kTf32>{}) : fn(ModeTag<Mode::k3xTf32>{});
+    default: return Status::Error("conv gemm: unsupported dtype");
+  }
+}
+
+// What every tensor-core GEMM algorithm needs: 16-bit or float32 operands (float64 has no
+// tensor-core path here), a result of the input dtype or float32, and int32 sizes.
+inline Support gemm_dtype_support(const Args& a) {
+  if (a.in == DType::kF64) return Support::No("float64 has no tensor-core path: use direct");
+  if (a.out != a.in && a.out != DType::kF32)
+    return Support::No("the result must have the input dtype or float32");
+  const Problem& p = a.p;
+  const int64_t limit = int64_t(1) << 31;
+  if (p.x_elems() >= limit || p.y_elems() >= limit || p.w_elems() >= limit)
+    return Support::No("tensors of 2^31 or more elements are not supported");
+  return Support::Yes();
+}
+
+// The 16-byte chunks of the GEMM operands must not straddle channel groups or taps, and the
+// epilogue stores pairs: both channel counts a multiple of 8 elements.
+inline Support channel_support(const Args& a) {
+  const Problem& p = a.p;
+  if (p.Cg() % 8 != 0 || p.Kg() % 8 != 0)
+    return Support::No("channels per group (Cg=" + std::to_string(p.Cg()) + ", Kg=" +
+                       std::to_string(p.Kg()) + ") must be multiples of 8");
+  return Support::Yes();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split-K. The reduction of a GEMM with few output tiles (bwd_filter's C is only the filter;
+// late ResNet layers have few output pixels) is cut into `splits` ranges run by separate CTAs
+// so the grid fills the GPU's 132 SMs about twice.
+// ---------------------------------------------------------------------------------------------
+
+constexpr int64_t kTargetCtas = 2 * 132;
+constexpr int64_t kMinSlicesPerSplit = 4;
+
+inline int64_t k_slices(const Args& a) {
+  return (shape_of(a).Kd + slice_elems(a) - 1) / slice_elems(a);
+}
+
+inline int64_t output_tiles(const Args& a) {
+  const Shape s = shape_of(a);
+  return ((s.M + kTileM - 1) / kTileM) * ((s.N + tile_n(s.N) - 1) / tile_n(s.N)) * a.p.G;
+}
+
+// (splits, slices per split) with no empty split.
+struct SplitPlan {
+  int64_t splits, per_split;
+};
+
+inline SplitPlan split_plan(const Args& a) {
+  const int64_t tiles = output_tiles(a), slices = k_slices(a);
+  int64_t splits = (kTargetCtas + tiles - 1) / tiles;
+  const int64_t cap = slices / kMinSlicesPerSplit;
+  if (splits > cap) splits = cap;
+  if (splits < 1) splits = 1;
+  const int64_t per = (slices + splits - 1) / splits;
+  return {(slices + per - 1) / per, per};
+}
+
+inline int64_t partial_bytes(const Args& a, int64_t splits) {
+  const Shape s = shape_of(a);
+  return splits * a.p.G * s.M * s.N * int64_t(sizeof(float));
+}
+
+// How a GEMM algorithm writes its result.
+enum class Reduce { kNone, kOrdered, kAtomic };
+
+inline Support split_support(const Args& a, Reduce r) {
+  if (r == Reduce::kNone) return Support::Yes();
+  const SplitPlan plan = split_plan(a);
+  if (plan.splits < 2)
+    return Support::No("the output already fills the GPU (" + std::to_string(output_tiles(a)) +
+                       " tiles): split-K would run one split");
+  if (a.p.G * plan.splits > 65535) return Support::No("too many groups for split-K");
+  return Support::Yes();
+}
+
+// Workspace of the result path: ordered partials for every split, or one float accumulator.
+inline int64_t reduce_workspace(const Args& a, Reduce r) {
+  switch (r) {
+    case Reduce::kNone: return 0;
+    case Reduce::kOrdered: return partial_bytes(a, split_plan(a).splits);
+    case Reduce::kAtomic: return partial_bytes(a, 1);
+  }
+  return 0;
+}
+
+// out[m, g*N + n] = sum over s in order of ws[s][g][m][n], converted to the result dtype.
+template <typename Out>
+__global__ void sum_splits_kernel(const float* __restrict__ ws, Out* __restrict__ out,
+                                  int64_t G, int64_t M, int64_t N, int64_t splits, int64_t ldo) {
+  const int64_t total = G * M * N;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int64_t k = 0; k < splits; ++k) s += ws[k * total + e];
+    const int64_t n = e % N, m = e / N % M, g = e / (N * M);
+    out[m * ldo + g * N + n] = cuda::from_acc<Out>(s);
+  }
+}
+
+inline int64_t result_ld(const Args& a) { return a.dir == Direction::kBwdData ? a.p.C : a.p.K; }
+
+// Launches one GEMM with loaders AL, BL and the result path `r`; `ws` is the reduction's
+// workspace (reduce_workspace bytes).
+template <Mode kMode, typename C, typename AL, typename BL>
+Status launch(const Args& a, const typename AL::Params& ap, const typename BL::Params& bp,
+              void* result, Reduce r, void* ws, cudaStream_t stream, const char* name) {
+  using T = typename ModeTraits<kMode>::T;
+  const Shape s = shape_of(a);
+  const SplitPlan run = r == Reduce::kNone ? SplitPlan{1, k_slices(a)} : split_plan(a);
+  Epilogue epi{r == Reduce::kNone ? Store::kOut
+                                  : (r == Reduce::kOrdered ? Store::kPartial : Store::kAtomic),
+               r == Reduce::kNone ? result : ws, a.out == DType::kF32, result_ld(a), int(a.p.G)};
+  if (r == Reduce::kAtomic && cudaMemsetAsync(ws, 0, partial_bytes(a, 1), stream) != cudaSuccess)
+    return cuda::check_launch("conv gemm workspace memset");
+  auto kernel = gemm_kernel<kMode, C, AL, BL>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           C::kSmemBytes) != cudaSuccess)
+    return cuda::check_launch(name);
+  const dim3 grid(unsigned((s.M + C::BM - 1) / C::BM), unsigned((s.N + C::BN - 1) / C::BN),
+                  unsigned(a.p.G * run.splits));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(ap, bp, epi, int(s.M), int(s.N),
+                                                       int(k_slices(a)), int(run.per_split));
+  Status st = cuda::check_launch(name);
+  if (!st.ok() || r == Reduce::kNone) return st;
+  const int64_t total = a.p.G * s.M * s.N, splits = r == Reduce::kOrdered ? run.splits : 1;
+  constexpr int kThreads = 256;
+  if (a.out == DType::kF32) {
+    sum_splits_kernel<float><<<cuda::grid_for(total, kThreads), kThreads, 0, stream>>>(
+        static_cast<const float*>(ws), static_cast<float*>(result), a.p.G, s.M, s.N, splits,
+        result_ld(a));
+  } else {
+    sum_splits_kernel<T><<<cuda::grid_for(total, kThreads), kThreads, 0, stream>>>(
+        static_cast<const float*>(ws), static_cast<T*>(result), a.p.G, s.M, s.N, splits,
+        result_ld(a));
+  }
+  return cuda::check_launch("conv gemm sum_splits_kernel");
+}
+
+}  // namespace jaxdnn::conv::gemm

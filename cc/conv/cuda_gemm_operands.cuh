@@ -1,0 +1,340 @@
+// Operand loaders of the GEMM core (cuda_gemm_core.cuh): how one thread finds the 16-byte
+// chunks of a (BMN x 64-byte) k-slice of A or B in the conv tensors and copies them to shared
+// memory. Each loader is a small state machine: the constructor places the thread's chunks at
+// k-slice kt0 (one round of divisions), next() advances by one slice (increments only), load()
+// issues the cp.asyncs, zero-filling padding, holes and the ragged edges.
+//
+//   loader        layout    rows x cols of the GEMM operand   used by
+//   ActRows<fwd>  k-major   pixels x (tap, Cg)                implicit_gemm fwd A (x)
+//   ActRows<bwd>  k-major   pixels x (tap, Kg)                implicit_gemm bwd_data A (dy)
+//   TableRows     k-major   same, offsets from a table        implicit_precomp_gemm A
+//   WeightRows    k-major   Cg x (tap, Kg)                    bwd_data B (w^T)
+//   ActCols       mn-major  (n,z,p,q) x (tap, Cg)             implicit_gemm bwd_filter A (x^T)
+//   PlainK        k-major   a row-major matrix                im2col_gemm A (fwd, bwd_data)
+//   PlainMn       mn-major  a row-major matrix                w (fwd B), dy (bwd_filter B),
+//                                                             im2col_gemm bwd_filter A
+#pragma once
+
+#include <cstdint>
+
+#include "cc/conv/conv.h"
+#include "cc/conv/cuda_gemm_core.cuh"
+
+namespace jaxdnn::conv::gemm {
+
+// The problem in int32 (the algorithms' supports() require every size to fit).
+struct Geo {
+  int in[3], filt[3], out[3], stride[3], pad[3], ldil[3], rdil[3];
+  int C, K, Cg, Kg;
+  int taps() const { return filt[0] * filt[1] * filt[2]; }
+};
+
+inline Geo make_geo(const Problem& p) {
+  Geo g;
+  for (int a = 0; a < 3; ++a) {
+    g.in[a] = int(p.in[a]); g.filt[a] = int(p.filt[a]); g.out[a] = int(p.out[a]);
+    g.stride[a] = int(p.stride[a]); g.pad[a] = int(p.pad_lo[a]);
+    g.ldil[a] = int(p.lhs_dil[a]); g.rdil[a] = int(p.rhs_dil[a]);
+  }
+  g.C = int(p.C); g.K = int(p.K); g.Cg = int(p.Cg()); g.Kg = int(p.Kg());
+  return g;
+}
+
+// Input index along axis a that output o reads through tap f, or -1 (conv.h in_idx).
+__device__ __forceinline__ int fwd_coord(const Geo& g, int a, int o, int f) {
+  int u = o * g.stride[a] - g.pad[a] + f * g.rdil[a];
+  if (g.ldil[a] == 1) return unsigned(u) < unsigned(g.in[a]) ? u : -1;
+  if (u < 0 || u % g.ldil[a] != 0) return -1;
+  u /= g.ldil[a];
+  return u < g.in[a] ? u : -1;
+}
+
+// Output index along axis a that reads input i through tap f, or -1 (conv.h out_idx).
+__device__ __forceinline__ int bwd_coord(const Geo& g, int a, int i, int f) {
+  int num = i * g.ldil[a] + g.pad[a] - f * g.rdil[a];
+  if (g.stride[a] == 1) return unsigned(num) < unsigned(g.out[a]) ? num : -1;
+  if (num < 0 || num % g.stride[a] != 0) return -1;
+  num /= g.stride[a];
+  return num < g.out[a] ? num : -1;
+}
+
+// Position kk = tap * Cch + c along a (taps x channels) reduction, tap = (t * R + r) * S + s.
+// A chunk never straddles two taps because Cch is a multiple of the chunk's elements.
+struct TapCursor {
+  int c, tap, t, r, s;
+  __device__ __forceinline__ void set(int kk, int cch, const Geo& g) {
+    tap = kk / cch;
+    c = kk - tap * cch;
+    s = tap % g.filt[2];
+    r = tap / g.filt[2] % g.filt[1];
+    t = tap / (g.filt[2] * g.filt[1]);
+  }
+  __device__ __forceinline__ void advance(int step, int cch, const Geo& g) {
+    c += step;
+    while (c >= cch) {
+      c -= cch;
+      ++tap;
+      if (++s == g.filt[2]) {
+        s = 0;
+        if (++r == g.filt[1]) { r = 0; ++t; }
+      }
+    }
+  }
+};
+
+// Position of pixel j = ((n * D0 + d) * D1 + h) * D2 + w over dims `dims`.
+struct PixelCursor {
+  int n, d, h, w;
+  __device__ __forceinline__ void set(int j, const int (&dims)[3]) {
+    w = j % dims[2];
+    h = j / dims[2] % dims[1];
+    d = j / (dims[2] * dims[1]) % dims[0];
+    n = j / (dims[2] * dims[1] * dims[0]);
+  }
+  __device__ __forceinline__ void advance(int step, const int (&dims)[3]) {
+    w += step;
+    while (w >= dims[2]) {
+      w -= dims[2];
+      if (++h == dims[1]) {
+        h = 0;
+        if (++d == dims[0]) { d = 0; ++n; }
+      }
+    }
+  }
+};
+
+template <typename T>
+struct Elems {
+  static constexpr int kEpc = kChunk / int(sizeof(T));       // elements per chunk
+  static constexpr int kBK = kSliceBytes / int(sizeof(T));   // elements per k-slice
+};
+
+// A of fwd (x gathered: rows = output pixels, k = (tap, c in Cg)) and of bwd_data (dy
+// gathered: rows = input pixels, k = (tap, k in Kg)).
+template <typename T, Direction kDir, int BMN, int THREADS>
+struct ActRows : Elems<T> {
+  static constexpr bool kKMajor = true;
+  using TileT = KMajorTile<BMN>;
+  using Map = ChunkMap<BMN, TileT::kCpr, THREADS>;
+  static constexpr bool kFwd = kDir == Direction::kFwd;
+  struct Params { const T* act; Geo geo; int M; };
+
+  const Params& p;
+  PixelCursor row[Map::kPerThread];
+  bool row_ok[Map::kPerThread];
+  TapCursor k;
+  int cch, col;
+  const T* base;
+
+  __device__ __forceinline__ ActRows(const Params& params, int mn0, int g, int kt0, int tid)
+      : p(params) {
+    const Geo& geo = p.geo;
+    cch = kFwd ? geo.Cg : geo.Kg;
+    base = p.act + int64_t(g) * cch;
+    col = Map::col(tid);
+#pragma unroll
+    for (int i = 0; i < Map::kPerThread; ++i) {
+      const int m = mn0 + Map::row0(tid) + i * Map::kRowStep;
+      row_ok[i] = m < p.M;
+      row[i].set(m, kFwd ? geo.out : geo.in);
+    }
+    k.set(kt0 * Elems<T>::kBK + col * Elems<T>::kEpc, cch, geo);
+  }
+
+  __device__ __forceinline__ void load(uint32_t tile) {
+    const Geo& geo = p.geo;
+    const int* dims = kFwd ? geo.in : geo.out;
+    const int channels = kFwd ? geo.C : geo.K;
+#pragma unroll
+    for (int i = 0; i < Map::kPerThread; ++i) {
+      int a0, a1, a2;
+      if constexpr (kFwd) {
+        a0 = fwd_coord(geo, 0, row[i].d, k.t);
+        a1 = fwd_coord(geo, 1, row[i].h, k.r);
+        a2 = fwd_coord(geo, 2, row[i].w, k.s);
+      } else {
+        a0 = bwd_coord(geo, 0, row[i].d, k.t);
+        a1 = bwd_coord(geo, 1, row[i].h, k.r);
+        a2 = bwd_coord(geo, 2, row[i].w, k.s);
+      }
+      const bool ok = row_ok[i] && k.t < geo.filt[0] && (a0 | a1 | a2) >= 0;
+      const int64_t pix = ((int64_t(row[i].n) * dims[0] + a0) * dims[1] + a1) * dims[2] + a2;
+      cp_async16(tile + TileT::offset(Map::row0(threadIdx.x) + i * Map::kRowStep, col),
+                 ok ? base + pix * channels + k.c : p.act, ok);
+    }
+  }
+
+  __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, cch, p.geo); }
+};
+
+// A of implicit_precomp_gemm: like ActRows, but the element offset of every (pixel, tap) pair
+// (or -1 for padding) comes from a table built once per call in the workspace.
+template <typename T, int BMN, int THREADS>
+struct TableRows : Elems<T> {
+  static constexpr bool kKMajor = true;
+  using TileT = KMajorTile<BMN>;
+  using Map = ChunkMap<BMN, TileT::kCpr, THREADS>;
+  struct Params { const T* act; const int* table; Geo geo; int M; int cch; };
+
+  const Params& p;
+  const int* rows[Map::kPerThread];  // table row of each of the thread's pixels, or null
+  TapCursor k;
+  int col;
+  const T* base;
+
+  __device__ __forceinline__ TableRows(const Params& params, int mn0, int g, int kt0, int tid)
+      : p(params) {
+    base = p.act + int64_t(g) * p.cch;
+    col = Map::col(tid);
+    const int taps = p.geo.taps();
+#pragma unroll
+    for (int i = 0; i < Map::kPerThread; ++i) {
+      const int m = mn0 + Map::row0(tid) + i * Map::kRowStep;
+      rows[i] = m < p.M ? p.table + int64_t(m) * taps : nullptr;
+    }
+    k.set(kt0 * Elems<T>::kBK + col * Elems<T>::kEpc, p.cch, p.geo);
+  }
+
+  __device__ __forceinline__ void load(uint32_t tile) {
+    const bool k_ok = k.t < p.geo.filt[0];
+#pragma unroll
+    for (int i = 0; i < Map::kPerThread; ++i) {
+      const int off = (rows[i] != nullptr && k_ok) ? __ldg(rows[i] + k.tap) : -1;
+      cp_async16(tile + TileT::offset(Map::row0(threadIdx.x) + i * Map::kRowStep, col),
+                 off >= 0 ? base + off + k.c : p.act, off >= 0);
+    }
+  }
+
+  __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, p.cch, p.geo); }
+};
+
+// B of bwd_data: w^T, rows = c in Cg, k = (tap, k in Kg), at w[(tap * Cg + c) * K + g*Kg + k].
+template <typename T, int BMN, int THREADS>
+struct WeightRows : Elems<T> {
+  static constexpr bool kKMajor = true;
+  using TileT = KMajorTile<BMN>;
+  using Map = ChunkMap<BMN, TileT::kCpr, THREADS>;
+  struct Params { const T* w; Geo geo; };
+
+  const Params& p;
+  int c0;  // the thread's first row (input channel)
+  TapCursor k;
+  int col;
+  const T* base;
+
+  __device__ __forceinline__ WeightRows(const Params& params, int mn0, int g, int kt0, int tid)
+      : p(params) {
+    base = p.w + int64_t(g) * p.geo.Kg;
+    col = Map::col(tid);
+    c0 = mn0 + Map::row0(tid);
+    k.set(kt0 * Elems<T>::kBK + col * Elems<T>::kEpc, p.geo.Kg, p.geo);
+  }
+
+  __device__ __forceinline__ void load(uint32_t tile) {
+    const Geo& geo = p.geo;
+#pragma unroll
+    for (int i = 0; i < Map::kPerThread; ++i) {
+      const int c = c0 + i * Map::kRowStep;
+      const bool ok = c < geo.Cg && k.t < geo.filt[0];
+      cp_async16(tile + TileT::offset(Map::row0(threadIdx.x) + i * Map::kRowStep, col),
+                 ok ? base + (int64_t(k.tap) * geo.Cg + c) * geo.K + k.c : p.w, ok);
+    }
+  }
+
+  __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, p.geo.Kg, p.geo); }
+};
+
+// A of bwd_filter: x^T, rows (of the shared tile) = k = output pixels (n, z, p, q),
+// mn = (tap, c in Cg), at x[n, in(z, t), in(p, r), in(q, s), g*Cg + c].
+template <typename T, int BMN, int THREADS>
+struct ActCols : Elems<T> {
+  static constexpr bool kKMajor = false;
+  using TileT = MnMajorTile<T, BMN, Elems<T>::kBK>;
+  using Map = ChunkMap<Elems<T>::kBK, TileT::kCpr, THREADS>;
+  struct Params { const T* x; Geo geo; int M; int pixels; };
+
+  const Params& p;
+  PixelCursor row[Map::kPerThread];
+  int j0;            // pixel of the thread's first row in the current slice
+  TapCursor tap;     // of the thread's column
+  bool col_ok;
+  int col;
+  const T* base;
+
+  __device__ __forceinline__ ActCols(const Params& params, int mn0, int g, int kt0, int tid)
+      : p(params) {
+    const Geo& geo = p.geo;
+    col = Map::col(tid);
+    const int m = mn0 + col * Elems<T>::kEpc;
+    col_ok = m < p.M;
+    tap.set(m, geo.Cg, geo);
+    base = p.x + int64_t(g) * geo.Cg + tap.c;
+    j0 = kt0 * Elems<T>::kBK + Map::row0(tid);
+#pragma unroll
+    for (int i = 0; i < Map::kPerThread; ++i) row[i].set(j0 + i * Map::kRowStep, geo.out);
+  }
+
+  __device__ __forceinline__ void load(uint32_t tile) {
+    const Geo& geo = p.geo;
+#pragma unroll
+    for (int i = 0; i < Map::kPerThread; ++i) {
+      const int a0 = fwd_coord(geo, 0, row[i].d, tap.t), a1 = fwd_coord(geo, 1, row[i].h, tap.r),
+                a2 = fwd_coord(geo, 2, row[i].w, tap.s);
+      const bool ok = col_ok && j0 + i * Map::kRowStep < p.pixels && (a0 | a1 | a2) >= 0;
+      const int64_t pix = ((int64_t(row[i].n) * geo.in[0] + a0) * geo.in[1] + a1) * geo.in[2] + a2;
+      cp_async16(tile + TileT::offset(Map::row0(threadIdx.x) + i * Map::kRowStep, col),
+                 ok ? base + pix * geo.C : p.x, ok);
+    }
+  }
+
+  __device__ __forceinline__ void next() {
+    j0 += Elems<T>::kBK;
+#pragma unroll
+    for (int i = 0; i < Map::kPerThread; ++i) row[i].advance(Elems<T>::kBK, p.geo.out);
+  }
+};
+
+// A row-major matrix with `rows` x `cols` used elements, leading dimension `ld` and group g's
+// block at ptr + g * group_stride. Rows are the GEMM's k (mn-major) or its m/n (k-major).
+template <typename T>
+struct MatrixParams { const T* ptr; int64_t ld; int rows; int cols; int64_t group_stride; };
+
+template <typename T, bool kKMajorT, int BMN, int THREADS>
+struct Plain : Elems<T> {
+  static constexpr bool kKMajor = kKMajorT;
+  using TileT = std::conditional_t<kKMajorT, KMajorTile<BMN>, MnMajorTile<T, BMN, Elems<T>::kBK>>;
+  using Map = ChunkMap<TileT::kRows, TileT::kCpr, THREADS>;
+  using Params = MatrixParams<T>;
+
+  const Params& p;
+  const T* base;
+  int r0, c0;  // the thread's first (row, column) element in the current slice
+
+  __device__ __forceinline__ Plain(const Params& params, int mn0, int g, int kt0, int tid)
+      : p(params) {
+    base = p.ptr + int64_t(g) * p.group_stride;
+    const int k0 = kt0 * Elems<T>::kBK, along = Map::col(tid) * Elems<T>::kEpc;
+    r0 = (kKMajorT ? mn0 : k0) + Map::row0(tid);
+    c0 = (kKMajorT ? k0 : mn0) + along;
+  }
+
+  __device__ __forceinline__ void load(uint32_t tile) {
+#pragma unroll
+    for (int i = 0; i < Map::kPerThread; ++i) {
+      const int r = r0 + i * Map::kRowStep;
+      const bool ok = r < p.rows && c0 < p.cols;
+      cp_async16(tile + TileT::offset(Map::row0(threadIdx.x) + i * Map::kRowStep,
+                                      Map::col(threadIdx.x)),
+                 ok ? base + r * p.ld + c0 : p.ptr, ok);
+    }
+  }
+
+  __device__ __forceinline__ void next() {
+    if constexpr (kKMajorT) c0 += Elems<T>::kBK; else r0 += Elems<T>::kBK;
+  }
+};
+
+template <typename T, int BMN, int THREADS> using PlainK = Plain<T, true, BMN, THREADS>;
+template <typename T, int BMN, int THREADS> using PlainMn = Plain<T, false, BMN, THREADS>;
+
+}  // namespace jaxdnn::conv::gemm
