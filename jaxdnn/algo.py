@@ -63,15 +63,36 @@ def _heuristic_order(platform: str, direction: str, spec, supported: list[dict])
     every ResNet-50 layer, so it wins whenever there is a GEMM worth blocking. It loses where
     the GEMM degenerates: tiny problems, where packing costs more than it saves, and depthwise
     convolutions (one input channel per group: a K=R*S GEMM per group), where the direct loops
-    are as fast (both ~0.3 GFLOP/s). GPU: the direct kernel is the only one so far.
+    are as fast (both ~0.3 GFLOP/s).
+
+    GPU: see _cuda_preference.
     """
     names = [r["name"] for r in supported]
-    preference = {"cpu": ["im2col_gemm", "direct"], "cuda": ["direct"]}[platform]
     depthwise = spec.rhs_shape[3] == 1 and spec.groups > 1
-    if platform == "cpu" and (spec.macs() < 32 * 1024 or depthwise):
-        preference = ["direct", "im2col_gemm"]
+    if platform == "cpu":
+        preference = ["im2col_gemm", "direct"]
+        if spec.macs() < 32 * 1024 or depthwise:
+            preference = ["direct", "im2col_gemm"]
+    else:
+        preference = _cuda_preference(direction, spec, depthwise)
     ordered = [n for n in preference if n in names]
     return ordered + sorted(n for n in names if n not in ordered)
+
+
+def _cuda_preference(direction: str, spec, depthwise: bool) -> list[str]:
+    """GPU order (benchmarks/results/conv_gpu-*.md, H200):
+    - depthwise problems are memory-bound gathers: the specialised kernel first;
+    - tensor-core implicit GEMM otherwise. Its split-K form is registered as supported only
+      when the output has too few tiles to fill the GPU twice (every bwd_filter of a CNN, the
+      7x7 layers), and then it wins: first when present;
+    - im2col_gemm only where the implicit forms cannot chunk the channels (the 3-channel stem);
+    - the direct kernel last: no reuse.
+    """
+    if depthwise:
+        return ["depthwise", "direct"]
+    return ["implicit_gemm_splitk", "implicit_gemm", "implicit_precomp_gemm", "im2col_gemm",
+            "winograd", "winograd_nonfused", "fft_tiling", "fft", "implicit_gemm_splitk_atomic",
+            "direct"]
 
 
 @dataclasses.dataclass(frozen=True)

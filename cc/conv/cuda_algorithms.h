@@ -27,6 +27,8 @@ extern const CudaAlgorithm kCudaDirect;  // cuda_direct.cu: the GPU oracle
 extern const CudaAlgorithm kCudaImplicitGemm;
 extern const CudaAlgorithm kCudaImplicitGemmSplitK;
 extern const CudaAlgorithm kCudaImplicitGemmSplitKAtomic;
+extern const CudaAlgorithm kCudaImplicitPrecompGemm;  // cuda_implicit_precomp_gemm.cu
+extern const CudaAlgorithm kCudaIm2colGemm;           // cuda_im2col_gemm.cu
 
 const std::vector<const CudaAlgorithm*>& cuda_algorithms();
 const CudaAlgorithm* find_cuda_algorithm(const char* name);

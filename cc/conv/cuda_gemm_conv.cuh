@@ -163,13 +163,15 @@ __global__ void sum_splits_kernel(const float* __restrict__ ws, Out* __restrict_
 inline int64_t result_ld(const Args& a) { return a.dir == Direction::kBwdData ? a.p.C : a.p.K; }
 
 // Launches one GEMM with loaders AL, BL and the result path `r`; `ws` is the reduction's
-// workspace (reduce_workspace bytes).
+// workspace (reduce_workspace bytes). `kd` overrides the reduction length (a padded one).
 template <Mode kMode, typename C, typename AL, typename BL>
 Status launch(const Args& a, const typename AL::Params& ap, const typename BL::Params& bp,
-              void* result, Reduce r, void* ws, cudaStream_t stream, const char* name) {
+              void* result, Reduce r, void* ws, cudaStream_t stream, const char* name,
+              int64_t kd = -1) {
   using T = typename ModeTraits<kMode>::T;
   const Shape s = shape_of(a);
-  const SplitPlan run = r == Reduce::kNone ? SplitPlan{1, k_slices(a)} : split_plan(a);
+  const int64_t slices = kd < 0 ? k_slices(a) : (kd + C::BK - 1) / C::BK;
+  const SplitPlan run = r == Reduce::kNone ? SplitPlan{1, slices} : split_plan(a);
   Epilogue epi{r == Reduce::kNone ? Store::kOut
                                   : (r == Reduce::kOrdered ? Store::kPartial : Store::kAtomic),
                r == Reduce::kNone ? result : ws, a.out == DType::kF32, result_ld(a), int(a.p.G)};
@@ -182,7 +184,7 @@ Status launch(const Args& a, const typename AL::Params& ap, const typename BL::P
   const dim3 grid(unsigned((s.M + C::BM - 1) / C::BM), unsigned((s.N + C::BN - 1) / C::BN),
                   unsigned(a.p.G * run.splits));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(ap, bp, epi, int(s.M), int(s.N),
-                                                       int(k_slices(a)), int(run.per_split));
+                                                       int(slices), int(run.per_split));
   Status st = cuda::check_launch(name);
   if (!st.ok() || r == Reduce::kNone) return st;
   const int64_t total = a.p.G * s.M * s.N, splits = r == Reduce::kOrdered ? run.splits : 1;

@@ -26,7 +26,7 @@ namespace jaxdnn::conv::gemm {
 struct Geo {
   int in[3], filt[3], out[3], stride[3], pad[3], ldil[3], rdil[3];
   int C, K, Cg, Kg;
-  int taps() const { return filt[0] * filt[1] * filt[2]; }
+  JAXDNN_HD int taps() const { return filt[0] * filt[1] * filt[2]; }
 };
 
 inline Geo make_geo(const Problem& p) {
@@ -56,6 +56,24 @@ __device__ __forceinline__ int bwd_coord(const Geo& g, int a, int i, int f) {
   if (num < 0 || num % g.stride[a] != 0) return -1;
   num /= g.stride[a];
   return num < g.out[a] ? num : -1;
+}
+
+// The pixel that GEMM row m reads through tap `tap`, as an index into the gathered tensor's
+// pixels (x's for kFwd and kBwdFilter, dy's for kBwdData), or -1 on padding. Row m is an output
+// pixel for kFwd / kBwdFilter and an input pixel for kBwdData.
+template <Direction kDir>
+__device__ __forceinline__ int64_t gathered_pixel(const Geo& g, int64_t m, int tap) {
+  constexpr bool kFromOut = kDir != Direction::kBwdData;
+  const int* rows = kFromOut ? g.out : g.in;
+  const int* dims = kFromOut ? g.in : g.out;
+  const int s = tap % g.filt[2], r = tap / g.filt[2] % g.filt[1], t = tap / (g.filt[2] * g.filt[1]);
+  const int w = int(m % rows[2]), h = int(m / rows[2] % rows[1]), d = int(m / (rows[2] * rows[1]) % rows[0]);
+  const int64_t n = m / (int64_t(rows[2]) * rows[1] * rows[0]);
+  const int a0 = kFromOut ? fwd_coord(g, 0, d, t) : bwd_coord(g, 0, d, t);
+  const int a1 = kFromOut ? fwd_coord(g, 1, h, r) : bwd_coord(g, 1, h, r);
+  const int a2 = kFromOut ? fwd_coord(g, 2, w, s) : bwd_coord(g, 2, w, s);
+  if ((a0 | a1 | a2) < 0) return -1;
+  return ((n * dims[0] + a0) * dims[1] + a1) * dims[2] + a2;
 }
 
 // Position kk = tap * Cch + c along a (taps x channels) reduction, tap = (t * R + r) * S + s.

@@ -10,6 +10,8 @@ const std::vector<const CudaAlgorithm*>& cuda_algorithms() {
       &kCudaImplicitGemm,
       &kCudaImplicitGemmSplitK,
       &kCudaImplicitGemmSplitKAtomic,
+      &kCudaImplicitPrecompGemm,
+      &kCudaIm2colGemm,
   };
   return kAll;
 }

@@ -1,0 +1,744 @@
+// CUDA depthwise convolution: groups == C with one input channel per group (Cg == 1) and any
+// channel multiplier Kg = K / C (output channel k = c*Kg + j reads input channel c), in all three
+// directions, for 1-D and 2-D problems (3-D when the depth axis has no window), any stride,
+// padding (negative too) and filter dilation. Input (lhs) dilation is not handled.
+//
+// One core computes a depthwise correlation of a source tensor into a destination tensor, both
+// channels-last images, (n, i_h, i_w) being read by destination (n, o_h, o_w) through tap (r, s):
+//   fwd        src = x, dst = y. Destination channel k reads x channel k / Kg, filter column k.
+//   bwd_data   src = dy, dst = dx. Stride 1: the forward correlation with the filter flipped and
+//              pad' = (R-1)*dil - pad (same kernels, fast path included). Stride > 1: the
+//              gather form, dy position (o + pad - f*dil) / stride where it divides (generic
+//              path). Kg > 1 runs Kg passes over the tile; pass j adds dy channel c*Kg + j.
+//   bwd_filter dw(tap, k) = sum over (n, p, q) of x(window) * dy(n, p, q, k): each block
+//              accumulates a contiguous slab of (image, tile) work items in registers, reduces
+//              its thread groups in a fixed order through shared memory and writes one partial
+//              per (tap, channel) to the workspace; a second kernel adds the partials in block
+//              order. No atomics anywhere: results are bitwise reproducible.
+// The depth axis folds into the batch (it must have T == 1, stride 1, no padding), and when the
+// filter has one row the image rows fold into one tall image (a 1-D problem is one long row).
+//
+// Block tile: kSlice = 16 channels x (TH, TW) destination positions, TW = WG*kWt, chosen per
+// problem so the image is covered with little waste (56 = 7*8) within a shared-memory budget.
+// The source window of the tile is staged in shared memory, converted to the accumulator type
+// (float; double for float64), channels innermost:
+//   tile    (span_h, pitch, kSlice)   span = (tile-1)*stride + (taps-1)*dil + 1, pitch = span_w
+//                                     rounded up to odd, so that rows one apart fall in opposite
+//                                     halves of the banks (conflict-free 16-byte loads)
+//   filter  (R*S, kSlice)             taps of the slice (flipped for stride-1 bwd_data)
+// 16-byte global loads (8 bf16/f16, 4 f32, 2 f64), four in flight per thread, when the channel
+// map is the identity; scalar loads otherwise (Kg > 1). Threads: lane (V = 16 bytes of
+// accumulators: 4 floats or 2 doubles; 4 or 8 lanes cover the slice) fastest.
+//   fwd / bwd_data  thread = (lane, row r0 of TR, column group of WG): outputs at rows r0 and
+//       r0 + TR (kHt = 2, so quarter-warp neighbours read adjacent rows) by kWt = 8 columns:
+//       (kHt, kWt, V) = 64 accumulators. Fast path (S in {3, 5, 7}, W stride 1 or 2, W dilation
+//       1): per filter row the S weight vectors sit in registers and each of the
+//       (kWt-1)*stride + S source columns is loaded once and feeds every output it touches.
+//       Generic path: one shared load per (output, tap).
+//   bwd_filter  thread = (lane, task = filter row [x tap group of 8 in the generic path],
+//       group of items): for each item (one dy row by kWt columns of the tile) the kWt dy
+//       vectors sit in registers and each x column of the row is loaded once: (S, V)
+//       accumulators per thread.
+//
+// Cost (N=64, 56x56, bf16 moves 2 bytes an element, f32 4):
+//   (a) C=144 3x3: 0.52 GFLOP against 116 MB (bf16) / 231 MB (f32) of x and y (or dy and dx,
+//       or x and dy): memory bound; the staged halo (1.2x) comes from L2. At ~3.5-4 TB/s:
+//       bf16 ~30 us = 16-18 TFLOP/s, f32 ~60 us = 8-9 TFLOP/s, every direction.
+//   (b) C=96 7x7: 1.89 GFLOP against 77 MB (bf16): bound by shared-memory bandwidth. fwd and
+//       bwd_data per thread and filter row: 2*14 source + 7 weight 16-byte loads for 448 FMAs,
+//       i.e. 4 shared wavefronts per 3.2 FMA issues, an 80% ceiling on FMA issue: predicted
+//       30-40 TFLOP/s (bf16 and f32 alike). bwd_filter: 8 dy + 14 x loads for 224 FMAs, a 64%
+//       ceiling: predicted 20-25 TFLOP/s.
+//   XLA/cuDNN on H200 (TFLOP/s, bf16 / f32): (a) fwd 5.3/4.4, bwd_data 7.0/5.3, bwd_filter
+//   4.5/4.2; (b) fwd 9.0/4.2, bwd_data 26.2/16.8, bwd_filter 10.5/0.3.
+//   Measured: not yet (dev/drivers/depthwise_check.cu prints both benchmark shapes).
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "cc/common/cuda_util.h"
+#include "cc/common/cuda_vec.h"
+#include "cc/conv/cuda_algorithms.h"
+
+namespace jaxdnn::conv {
+namespace {
+
+using cuda::dev_acc_t;
+using cuda::device_t;
+using cuda::from_acc;
+using cuda::to_acc;
+using cuda::Vec;
+
+constexpr int kSlice = 16;        // channels per block
+constexpr int kWt = 8;            // destination columns per thread
+constexpr int kHt = 2;            // destination rows per thread (fwd, bwd_data)
+constexpr int kTapGroup = 8;      // filter taps per thread in the generic bwd_filter path
+constexpr int kMaxThreads = 256;  // threads per block, at most
+constexpr int kLoadBatch = 8;     // 16-byte global loads in flight per thread while staging
+constexpr int64_t kSmemBudget = 72 * 1024;  // tiles shrink to fit: 3 blocks per H200 SM
+constexpr int64_t kSmemLimit = 96 * 1024;   // a problem whose smallest tile needs more: No
+constexpr int64_t kFilterBlocks = 1056;     // bwd_filter blocks to aim for (8 per H200 SM)
+
+__host__ __device__ constexpr int floor_div(int a, int b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// One spatial axis of the core's correlation. Forward form: destination o reads source
+// o*stride - pad + f*dil through tap f. Transposed form (bwd_data, stride > 1): destination o
+// reads source (o + pad - f*dil) / stride where that divides.
+struct Axis {
+  int src, dst;  // extents of the source and destination tensors
+  int stride, dil, pad, taps;
+  int tile;  // destination positions per block tile
+  int span;  // source positions staged per tile
+
+  // The first source position staged for the tile whose first destination position is o0.
+  template <bool kTransposed>
+  __host__ __device__ int base(int o0) const {
+    if constexpr (kTransposed) return floor_div(o0 + pad - (taps - 1) * dil, stride);
+    else return o0 * stride - pad;
+  }
+  // Transposed form: destination o0 + o through tap f reads staged source (o + offset - f*dil)
+  // / stride, where offset (>= (taps-1)*dil, so the numerator is never negative) is this.
+  __device__ int offset(int o0, int src0) const { return o0 + pad - src0 * stride; }
+};
+
+// Destination tiles of a launch.
+struct Tiling {
+  Axis h, w;
+  int n, tiles_h, tiles_w, slices;
+  int pitch;  // shared-memory positions per staged source row (odd)
+};
+
+// A staged tensor (n, h.src, w.src, c). Destination channel d of pass j reads source channel
+// (d*chan_mul + j) / chan_div; vec: the map is the identity and 16-byte loads are legal.
+struct Source {
+  int c, chan_mul, chan_div;
+  bool vec;
+};
+
+struct ConvGeom {  // fwd and bwd_data: dst (n, h.dst, w.dst, dst_c) from src
+  Tiling t;
+  Source src;
+  int dst_c, K, passes;  // K: filter row length; filter column of (d, pass j) is d*chan_mul + j
+  bool flip;             // taps in reverse order (stride-1 bwd_data)
+  bool vec_dst;          // V-channel stores are aligned
+};
+
+struct FilterGeom {  // bwd_filter: dw (R*S, K) from x (the source) and dy (the tiles)
+  Tiling t;
+  Source x, dy;
+  int K, items, chunks;   // work items: (image, tile) pairs, split into `chunks` slabs
+  int sgroups, tasks;     // tap groups per filter row; tasks = R * sgroups
+  int groups;             // thread groups sharing a tile's items
+  int pitch_dy;           // shared-memory positions per dy row (odd)
+};
+
+// ---- device pieces shared by the kernels ----------------------------------------------------
+
+template <typename Acc>
+__device__ __forceinline__ void fma_vec(Acc* acc, const Vec<Acc>& x, const Vec<Acc>& w) {
+#pragma unroll
+  for (int e = 0; e < Vec<Acc>::kN; ++e) acc[e] += x.v[e] * w.v[e];
+}
+
+// Writes the accumulator-type values of one 16-byte source vector (zeros when !ok).
+template <typename In, typename Acc>
+__device__ __forceinline__ void store_converted(Acc* dst, const Vec<In>& v, bool ok) {
+  constexpr int kA = Vec<Acc>::kN;
+#pragma unroll
+  for (int o = 0; o < Vec<In>::kN / kA; ++o) {
+    Vec<Acc> a;
+#pragma unroll
+    for (int e = 0; e < kA; ++e) a.v[e] = ok ? Acc(to_acc(v.v[o * kA + e])) : Acc(0);
+    a.store(dst + o * kA);
+  }
+}
+
+// Stages the (rows, cols) window at source position (r0, c0) of one image, destination
+// channels [d0, d0 + kSlice) of pass j, into tile (rows, pitch, kSlice); zeros outside the image
+// and for channels >= dst_c.
+template <typename In, typename Acc>
+__device__ void stage_tile(Acc* tile, const In* img, const Source& s, int src_h, int src_w, int r0,
+                           int c0, int rows, int cols, int pitch, int d0, int dst_c, int j) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if (s.vec) {
+    constexpr int kVL = Vec<In>::kN, kParts = kSlice / kVL;
+    const int total = rows * cols * kParts;
+    for (int i0 = tid; i0 < total; i0 += kLoadBatch * nt) {
+      Vec<In> v[kLoadBatch];
+      bool ok[kLoadBatch];
+      int at[kLoadBatch];
+#pragma unroll
+      for (int u = 0; u < kLoadBatch; ++u) {
+        const int i = i0 + u * nt, part = i % kParts, pos = i / kParts;
+        const int row = pos / cols, col = pos - row * cols;
+        const int gr = r0 + row, gc = c0 + col, d = d0 + part * kVL;
+        ok[u] = i < total && gr >= 0 && gr < src_h && gc >= 0 && gc < src_w && d < dst_c;
+        at[u] = (row * pitch + col) * kSlice + part * kVL;
+        if (ok[u]) v[u] = Vec<In>::load(img + (int64_t(gr) * src_w + gc) * s.c + d);
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadBatch; ++u)
+        if (i0 + u * nt < total) store_converted(tile + at[u], v[u], ok[u]);
+    }
+  } else {
+    const int total = rows * cols * kSlice;
+    for (int i = tid; i < total; i += nt) {
+      const int kk = i % kSlice, pos = i / kSlice, row = pos / cols, col = pos - row * cols;
+      const int gr = r0 + row, gc = c0 + col, d = d0 + kk;
+      Acc v = 0;
+      if (gr >= 0 && gr < src_h && gc >= 0 && gc < src_w && d < dst_c)
+        v = to_acc(img[(int64_t(gr) * src_w + gc) * s.c + (d * s.chan_mul + j) / s.chan_div]);
+      tile[(row * pitch + col) * kSlice + kk] = v;
+    }
+  }
+}
+
+// V consecutive destination channels, `valid` of them inside the tensor.
+template <typename Out, int V>
+struct alignas(sizeof(Out) * V) OutPack {
+  Out v[V];
+};
+
+template <typename Out, int V, typename Acc>
+__device__ __forceinline__ void store_out(Out* p, const Acc* v, int valid, bool vec) {
+  if (vec && valid >= V) {
+    OutPack<Out, V> o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = from_acc<Out>(v[e]);
+    *reinterpret_cast<OutPack<Out, V>*>(p) = o;
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      if (e < valid) p[e] = from_acc<Out>(v[e]);
+  }
+}
+
+// ---- fwd / bwd_data ---------------------------------------------------------------------------
+
+// Adds the tile's contribution to this thread's outputs: rows tr and tr + TR, columns
+// tw0 .. tw0 + kWt - 1 of the tile, lane's V channels. tile and wts point at the lane's channels.
+template <int kS, int kSW, bool kTransposed, typename Acc>
+__device__ __forceinline__ void conv_accumulate(const Acc* tile, const Acc* wts, const Tiling& t,
+                                                int e_h, int e_w, int tr, int tw0,
+                                                Acc (&acc)[kHt][kWt][Vec<Acc>::kN]) {
+  using VA = Vec<Acc>;
+  const Axis &ah = t.h, &aw = t.w;
+  const int TR = ah.tile / kHt, S = aw.taps, ld = t.pitch * kSlice;
+  for (int r = 0; r < ah.taps; ++r) {
+    if constexpr (kTransposed) {
+#pragma unroll
+      for (int h = 0; h < kHt; ++h) {
+        const int u = tr + h * TR + e_h - r * ah.dil;
+        if (u % ah.stride != 0) continue;
+        const Acc* row = tile + (u / ah.stride) * ld;
+        for (int s = 0; s < S; ++s) {
+          const VA wv = VA::load(wts + (r * S + s) * kSlice);
+#pragma unroll
+          for (int i = 0; i < kWt; ++i) {
+            const int v = tw0 + i + e_w - s * aw.dil;
+            if (v % aw.stride == 0) fma_vec(acc[h][i], VA::load(row + v / aw.stride * kSlice), wv);
+          }
+        }
+      }
+    } else if constexpr (kS > 0) {
+      VA wv[kS];
+#pragma unroll
+      for (int s = 0; s < kS; ++s) wv[s] = VA::load(wts + (r * kS + s) * kSlice);
+#pragma unroll
+      for (int h = 0; h < kHt; ++h) {
+        const Acc* row = tile + ((tr + h * TR) * ah.stride + r * ah.dil) * ld + tw0 * kSW * kSlice;
+#pragma unroll
+        for (int c = 0; c < (kWt - 1) * kSW + kS; ++c) {  // each source column once
+          const VA x = VA::load(row + c * kSlice);
+#pragma unroll
+          for (int s = 0; s < kS; ++s) {
+            const int d = c - s;  // output i reads column i*kSW + s
+            if (d >= 0 && d % kSW == 0 && d / kSW < kWt) fma_vec(acc[h][d / kSW], x, wv[s]);
+          }
+        }
+      }
+    } else {
+      for (int s = 0; s < S; ++s) {
+        const VA wv = VA::load(wts + (r * S + s) * kSlice);
+#pragma unroll
+        for (int h = 0; h < kHt; ++h) {
+          const Acc* row = tile + ((tr + h * TR) * ah.stride + r * ah.dil) * ld + s * aw.dil * kSlice;
+#pragma unroll
+          for (int i = 0; i < kWt; ++i)
+            fma_vec(acc[h][i], VA::load(row + (tw0 + i) * aw.stride * kSlice), wv);
+        }
+      }
+    }
+  }
+}
+
+// One block: one image, one (TH, TW) tile of destination positions, one channel slice.
+template <typename In, typename Out, int kS, int kSW, bool kTransposed>
+__global__ void __launch_bounds__(kMaxThreads, 2)
+depthwise_conv_kernel(ConvGeom g, const In* __restrict__ src, const In* __restrict__ w,
+                      Out* __restrict__ dst) {
+  using Acc = dev_acc_t<In>;
+  constexpr int V = Vec<Acc>::kN, kLanes = kSlice / V;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Tiling& t = g.t;
+  Acc* tile = reinterpret_cast<Acc*>(smem);              // (h.span, pitch, kSlice)
+  Acc* wts = tile + t.h.span * t.pitch * kSlice;         // (R*S, kSlice)
+
+  int b = blockIdx.x;  // (n, tile row, tile column, slice), slice fastest
+  const int slice = b % t.slices;
+  b /= t.slices;
+  const int bw = b % t.tiles_w;
+  b /= t.tiles_w;
+  const int bh = b % t.tiles_h, n = b / t.tiles_h;
+  const int lane = threadIdx.x % kLanes, rest = threadIdx.x / kLanes;
+  const int TR = t.h.tile / kHt, tr = rest % TR, tw0 = rest / TR * kWt;
+  const int o0h = bh * t.h.tile, o0w = bw * t.w.tile, d0 = slice * kSlice;
+  const int r0 = t.h.base<kTransposed>(o0h), c0 = t.w.base<kTransposed>(o0w);
+  const int e_h = t.h.offset(o0h, r0), e_w = t.w.offset(o0w, c0);
+  const In* img = src + int64_t(n) * t.h.src * t.w.src * g.src.c;
+  const int taps = t.h.taps * t.w.taps;
+
+  Acc acc[kHt][kWt][V] = {};
+  const int passes = kS > 0 ? 1 : g.passes;  // the host sends Kg > 1 bwd_data to kS == 0
+  for (int j = 0; j < passes; ++j) {
+    if (j > 0) __syncthreads();  // the previous pass is done with the tile
+    stage_tile(tile, img, g.src, t.h.src, t.w.src, r0, c0, t.h.span, t.w.span, t.pitch, d0,
+               g.dst_c, j);
+    for (int i = threadIdx.x; i < taps * kSlice; i += blockDim.x) {
+      const int tap = i / kSlice, d = d0 + i % kSlice;
+      wts[i] = d < g.dst_c
+                   ? Acc(to_acc(w[int64_t(g.flip ? taps - 1 - tap : tap) * g.K + d * g.src.chan_mul + j]))
+                   : Acc(0);
+    }
+    __syncthreads();
+    conv_accumulate<kS, kSW, kTransposed>(tile + lane * V, wts + lane * V, t, e_h, e_w, tr, tw0,
+                                          acc);
+  }
+
+  const int dc = d0 + lane * V;
+#pragma unroll
+  for (int h = 0; h < kHt; ++h) {
+    const int oh = o0h + tr + h * TR;
+#pragma unroll
+    for (int i = 0; i < kWt; ++i) {
+      const int ow = o0w + tw0 + i;
+      if (oh < t.h.dst && ow < t.w.dst)
+        store_out<Out, V>(dst + ((int64_t(n) * t.h.dst + oh) * t.w.dst + ow) * g.dst_c + dc,
+                          acc[h][i], g.dst_c - dc, g.vec_dst);
+    }
+  }
+}
+
+// ---- bwd_filter -------------------------------------------------------------------------------
+
+// One block: a slab of work items (image, tile) of one channel slice; writes the slab's partial
+// dw (R*S, kSlice) to partial[blockIdx.x].
+template <typename In, int kS, int kSW>
+__global__ void __launch_bounds__(kMaxThreads, 2)
+depthwise_filter_kernel(FilterGeom g, const In* __restrict__ x, const In* __restrict__ dy,
+                        dev_acc_t<In>* __restrict__ partial) {
+  using Acc = dev_acc_t<In>;
+  using VA = Vec<Acc>;
+  constexpr int V = VA::kN, kLanes = kSlice / V;
+  constexpr int kA = kS > 0 ? kS : kTapGroup;  // taps per thread: one filter row's (or a group)
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Tiling& t = g.t;
+  const Axis &ah = t.h, &aw = t.w;
+  Acc* xt = reinterpret_cast<Acc*>(smem);          // (h.span, pitch, kSlice)
+  Acc* dyt = xt + ah.span * t.pitch * kSlice;      // (h.tile, pitch_dy, kSlice)
+
+  const int slice = blockIdx.x % t.slices, chunk = blockIdx.x / t.slices, d0 = slice * kSlice;
+  const int lane = threadIdx.x % kLanes, rest = threadIdx.x / kLanes;
+  const int task = rest % g.tasks, grp = rest / g.tasks;
+  const int r = task / g.sgroups, s0 = task % g.sgroups * kA;
+  const int first = int(int64_t(chunk) * g.items / g.chunks);
+  const int last = int(int64_t(chunk + 1) * g.items / g.chunks);
+  const int WG = aw.tile / kWt, tile_items = ah.tile * WG, S = aw.taps;
+
+  Acc acc[kA][V] = {};
+  for (int item = first; item < last; ++item) {
+    const int bw = item % t.tiles_w, bh = item / t.tiles_w % t.tiles_h;
+    const int n = item / (t.tiles_w * t.tiles_h);
+    const int o0h = bh * ah.tile, o0w = bw * aw.tile;
+    __syncthreads();  // the previous item is done with the tiles
+    stage_tile(xt, x + int64_t(n) * ah.src * aw.src * g.x.c, g.x, ah.src, aw.src,
+               ah.base<false>(o0h), aw.base<false>(o0w), ah.span, aw.span, t.pitch, d0, g.K, 0);
+    stage_tile(dyt, dy + int64_t(n) * ah.dst * aw.dst * g.K, g.dy, ah.dst, aw.dst, o0h, o0w,
+               ah.tile, aw.tile, g.pitch_dy, d0, g.K, 0);
+    __syncthreads();
+    for (int it = grp; it < tile_items; it += g.groups) {
+      const int th = it % ah.tile, tw0 = it / ah.tile * kWt;
+      VA d[kWt];
+#pragma unroll
+      for (int i = 0; i < kWt; ++i)
+        d[i] = VA::load(dyt + ((th * g.pitch_dy + tw0 + i) * kSlice + lane * V));
+      const Acc* row = xt + (th * ah.stride + r * ah.dil) * t.pitch * kSlice + lane * V;
+      if constexpr (kS > 0) {
+        row += tw0 * kSW * kSlice;
+#pragma unroll
+        for (int c = 0; c < (kWt - 1) * kSW + kS; ++c) {  // each x column once
+          const VA xv = VA::load(row + c * kSlice);
+#pragma unroll
+          for (int s = 0; s < kS; ++s) {
+            const int e = c - s;  // dy column i meets x column i*kSW + s
+            if (e >= 0 && e % kSW == 0 && e / kSW < kWt) fma_vec(acc[s], xv, d[e / kSW]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int a = 0; a < kA; ++a) {
+          if (s0 + a >= S) break;
+#pragma unroll
+          for (int i = 0; i < kWt; ++i)
+            fma_vec(acc[a], VA::load(row + ((tw0 + i) * aw.stride + (s0 + a) * aw.dil) * kSlice),
+                    d[i]);
+        }
+      }
+    }
+  }
+
+  // Thread groups add up in group order through shared memory: red (groups, R*S, kSlice).
+  const int taps = ah.taps * S;
+  Acc* red = reinterpret_cast<Acc*>(smem);
+  __syncthreads();
+#pragma unroll
+  for (int a = 0; a < kA; ++a)
+    if (s0 + a < S)
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        red[((grp * taps) + r * S + s0 + a) * kSlice + lane * V + e] = acc[a][e];
+  __syncthreads();
+  Acc* out = partial + int64_t(blockIdx.x) * taps * kSlice;
+  for (int i = threadIdx.x; i < taps * kSlice; i += blockDim.x) {
+    Acc sum = 0;
+    for (int p = 0; p < g.groups; ++p) sum += red[p * taps * kSlice + i];
+    out[i] = sum;
+  }
+}
+
+// dw(tap, k) = the sum of the chunks' partials, in chunk order.
+template <typename Acc, typename Out>
+__global__ void depthwise_filter_sum_kernel(int chunks, int slices, int taps, int K,
+                                            const Acc* __restrict__ partial, Out* __restrict__ dw) {
+  const int64_t total = int64_t(taps) * K, chunk_stride = int64_t(slices) * taps * kSlice;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int tap = int(e / K), k = int(e % K);
+    const Acc* p = partial + (int64_t(k / kSlice) * taps + tap) * kSlice + k % kSlice;
+    Acc sum = 0;
+    for (int c = 0; c < chunks; ++c) sum += p[c * chunk_stride];
+    dw[e] = from_acc<Out>(sum);
+  }
+}
+
+// ---- host side: problem view, tile plans, launches --------------------------------------------
+
+// The problem as 2-D images (n, H, W) -> (n, P, Q), depth folded into the batch and, for
+// one-row filters, the rows of all images into one tall image.
+struct View {
+  int64_t n, H, W, P, Q;
+};
+
+View view_of(const Problem& p) {
+  View v{p.N * p.in[0], p.in[1], p.in[2], p.out[1], p.out[2]};
+  if (p.filt[1] == 1 && p.stride[1] == 1 && p.pad_lo[1] == 0 && p.pad_hi[1] == 0) {
+    v.H *= v.n;
+    v.P *= v.n;
+    v.n = 1;
+  }
+  return v;
+}
+
+Support check_problem(const Args& a) {
+  const Problem& p = a.p;
+  if (!dispatch_io(a.in, a.out, [](auto, auto) {}))
+    return Support::No(std::string("unsupported dtypes ") + dtype_name(a.in) + " -> " +
+                       dtype_name(a.out));
+  if (p.G != p.C || p.C == 0)
+    return Support::No("needs groups == C (depthwise: one input channel per group)");
+  for (int i = 0; i < 3; ++i)
+    if (p.lhs_dil[i] != 1) return Support::No("input (lhs) dilation > 1 is not handled");
+  if (p.filt[0] != 1 || p.stride[0] != 1 || p.pad_lo[0] != 0 || p.pad_hi[0] != 0)
+    return Support::No("3-D windows are not handled (the depth axis needs T == 1, stride 1, no "
+                       "padding)");
+  if (p.filt[1] == 0 || p.filt[2] == 0) return Support::No("empty filter");
+  const View v = view_of(p);
+  const int64_t lim = int64_t(1) << 30;
+  for (int64_t d : {v.n, v.H, v.W, v.P, v.Q, p.C, p.K, p.filt[1] * p.filt[2]})
+    if (d >= lim) return Support::No("a dimension is too large for 32-bit tile indexing");
+  for (int i = 1; i < 3; ++i)
+    for (int64_t d : {p.stride[i], p.rhs_dil[i] * p.filt[i], p.pad_lo[i], -p.pad_lo[i]})
+      if (d >= lim) return Support::No("stride, dilation or padding too large");
+  return Support::Yes();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// The smallest block count covering n that keeps every block at most cap: n split evenly.
+int64_t balance(int64_t n, int64_t cap) { return n <= 0 ? 1 : ceil_div(n, ceil_div(n, cap)); }
+
+Axis make_axis(int64_t src, int64_t dst, int64_t stride, int64_t dil, int64_t pad, int64_t taps) {
+  return Axis{int(src), int(dst), int(stride), int(dil), int(pad), int(taps), 0, 0};
+}
+
+// Sets the tile size along an axis and the source positions it stages.
+void set_tile(Axis* a, int64_t tile, bool transposed) {
+  const int64_t reach = int64_t(a->taps - 1) * a->dil;
+  a->tile = int(tile);
+  a->span = int(transposed ? ceil_div(tile - 1 + reach, a->stride) + 1
+                           : (tile - 1) * a->stride + reach + 1);
+}
+
+int64_t acc_bytes(DType in) { return in == DType::kF64 ? 8 : 4; }
+int lanes_for(DType in) { return kSlice / int(16 / acc_bytes(in)); }
+
+// Which fast-path kernel an axis pair allows: (S, W stride), or (0, 0) for the generic one.
+std::pair<int, int> fast_window(const Axis& w) {
+  const bool fast = w.dil == 1 && ((w.stride == 1 && (w.taps == 3 || w.taps == 5 || w.taps == 7)) ||
+                                    (w.stride == 2 && (w.taps == 3 || w.taps == 5)));
+  return fast ? std::make_pair(w.taps, w.stride) : std::make_pair(0, 0);
+}
+
+struct ConvPlan {
+  Support support = Support::Yes();
+  ConvGeom g{};
+  bool transposed = false;
+  int threads = 0;
+  int64_t smem = 0, blocks = 0;
+};
+
+// Picks the tile: WG column groups of kWt covering Q evenly (at most 8), then the most row
+// pairs TR (at most what fills kMaxThreads threads) whose shared memory fits the budget.
+ConvPlan plan_conv(const Args& a) {
+  ConvPlan pl;
+  pl.support = check_problem(a);
+  if (!pl.support.ok) return pl;
+  const Problem& p = a.p;
+  const View v = view_of(p);
+  const int64_t Kg = p.Kg(), R = p.filt[1], S = p.filt[2];
+  ConvGeom& g = pl.g;
+  Tiling& t = g.t;
+  t.n = int(v.n);
+  g.K = int(p.K);
+  if (a.dir == Direction::kFwd) {
+    t.h = make_axis(v.H, v.P, p.stride[1], p.rhs_dil[1], p.pad_lo[1], R);
+    t.w = make_axis(v.W, v.Q, p.stride[2], p.rhs_dil[2], p.pad_lo[2], S);
+    g.src = Source{int(p.C), 1, int(Kg), false};
+    g.dst_c = int(p.K);
+    g.passes = 1;
+  } else if (p.stride[1] == 1 && p.stride[2] == 1) {  // bwd_data as a flipped forward conv
+    t.h = make_axis(v.P, v.H, 1, p.rhs_dil[1], (R - 1) * p.rhs_dil[1] - p.pad_lo[1], R);
+    t.w = make_axis(v.Q, v.W, 1, p.rhs_dil[2], (S - 1) * p.rhs_dil[2] - p.pad_lo[2], S);
+    g.flip = true;
+  } else {  // bwd_data in the gather form
+    t.h = make_axis(v.P, v.H, p.stride[1], p.rhs_dil[1], p.pad_lo[1], R);
+    t.w = make_axis(v.Q, v.W, p.stride[2], p.rhs_dil[2], p.pad_lo[2], S);
+    pl.transposed = true;
+  }
+  if (a.dir == Direction::kBwdData) {
+    g.src = Source{int(p.K), int(Kg), 1, false};
+    g.dst_c = int(p.C);
+    g.passes = int(Kg);
+  }
+  const int lanes = lanes_for(a.in), spatial = kMaxThreads / lanes;
+  const int64_t ab = acc_bytes(a.in);
+  const int64_t col_groups = ceil_div(t.w.dst, kWt), row_sets = ceil_div(t.h.dst, kHt);
+  auto smem_for = [&](int64_t WG, int64_t TR) {
+    set_tile(&t.h, TR * kHt, pl.transposed);
+    set_tile(&t.w, WG * kWt, pl.transposed);
+    t.pitch = t.w.span | 1;
+    return (int64_t(t.h.span) * t.pitch + R * S) * kSlice * ab;
+  };
+  int64_t WG = 1, TR = 1;
+  for (int64_t wg_cap = std::min(8, spatial); wg_cap >= 1; --wg_cap) {
+    WG = balance(col_groups, wg_cap);
+    for (int64_t tr_cap = spatial / WG; tr_cap >= 1; tr_cap = TR - 1) {
+      TR = balance(row_sets, tr_cap);
+      if (smem_for(WG, TR) <= kSmemBudget) break;
+    }
+    if (smem_for(WG, TR) <= kSmemBudget) break;
+  }
+  pl.smem = smem_for(WG, TR);
+  if (pl.smem > kSmemLimit)
+    return {Support::No("filter window too large for the shared-memory tile"), {}, false, 0, 0, 0};
+  t.tiles_h = int(ceil_div(t.h.dst, t.h.tile));
+  t.tiles_w = int(ceil_div(t.w.dst, t.w.tile));
+  t.slices = int(ceil_div(g.dst_c, kSlice));
+  pl.threads = int(lanes * WG * TR);
+  pl.blocks = v.n * t.tiles_h * t.tiles_w * t.slices;
+  if (pl.blocks >= (int64_t(1) << 31))
+    return {Support::No("too many tiles for one launch"), {}, false, 0, 0, 0};
+  return pl;
+}
+
+struct FilterPlan {
+  Support support = Support::Yes();
+  FilterGeom g{};
+  int threads = 0;
+  int64_t smem = 0, workspace = 0;
+};
+
+// Tile: WG column groups as for the convolution, then the most dy rows (at most 8) whose x
+// and dy tiles fit the budget. Threads: lanes x tasks x groups, groups dividing the tile's items
+// evenly. Slabs: about kFilterBlocks blocks in all.
+FilterPlan plan_filter(const Args& a) {
+  FilterPlan pl;
+  pl.support = check_problem(a);
+  if (!pl.support.ok) return pl;
+  const Problem& p = a.p;
+  const View v = view_of(p);
+  const int64_t R = p.filt[1], S = p.filt[2];
+  FilterGeom& g = pl.g;
+  Tiling& t = g.t;
+  t.n = int(v.n);
+  t.h = make_axis(v.H, v.P, p.stride[1], p.rhs_dil[1], p.pad_lo[1], R);
+  t.w = make_axis(v.W, v.Q, p.stride[2], p.rhs_dil[2], p.pad_lo[2], S);
+  g.x = Source{int(p.C), 1, int(p.Kg()), false};
+  g.dy = Source{int(p.K), 1, 1, false};
+  g.K = int(p.K);
+  g.sgroups = fast_window(t.w).first > 0 ? 1 : int(ceil_div(S, kTapGroup));
+  g.tasks = int(R) * g.sgroups;
+  const int lanes = lanes_for(a.in);
+  if (int64_t(g.tasks) * lanes > kMaxThreads)
+    return {Support::No("bwd_filter: filter too large (rows x tap groups of 8 > " +
+                        std::to_string(kMaxThreads / lanes) + ")"), {}, 0, 0, 0};
+  const int64_t ab = acc_bytes(a.in), taps = R * S;
+  const int64_t WG = balance(ceil_div(v.Q, kWt), 8);
+  set_tile(&t.w, WG * kWt, false);
+  t.pitch = t.w.span | 1;
+  g.pitch_dy = int(t.w.tile | 1);
+  const int64_t group_cap = std::max<int64_t>(1, kMaxThreads / (lanes * g.tasks));
+  auto smem_for = [&](int64_t TH) {
+    set_tile(&t.h, TH, false);
+    g.groups = int(balance(TH * WG, group_cap));
+    const int64_t tiles = int64_t(t.h.span) * t.pitch + TH * g.pitch_dy;
+    return std::max(tiles, int64_t(g.groups) * taps) * kSlice * ab;
+  };
+  int64_t TH = balance(v.P, 8);
+  while (TH > 1 && smem_for(TH) > kSmemBudget) TH = balance(v.P, TH - 1);
+  pl.smem = smem_for(TH);
+  if (pl.smem > kSmemLimit)
+    return {Support::No("filter window too large for the shared-memory tile"), {}, 0, 0, 0};
+  t.tiles_h = int(ceil_div(v.P, TH));
+  t.tiles_w = int(ceil_div(v.Q, t.w.tile));
+  t.slices = int(ceil_div(p.K, kSlice));
+  const int64_t items = v.P == 0 || v.Q == 0 ? 0 : v.n * t.tiles_h * t.tiles_w;
+  if (items >= (int64_t(1) << 31))
+    return {Support::No("too many tiles for one launch"), {}, 0, 0, 0};
+  g.items = int(items);
+  g.chunks = int(std::min(items, std::max<int64_t>(1, kFilterBlocks / t.slices)));
+  pl.threads = lanes * g.tasks * g.groups;
+  pl.workspace = int64_t(g.chunks) * t.slices * taps * kSlice * ab;
+  return pl;
+}
+
+bool aligned16(const void* ptr) { return cuda::vec_aligned(ptr); }
+
+// Calls f(kS, kSW) as integral constants for the fast window, or (0, 0).
+template <typename F>
+Status with_window(std::pair<int, int> sw, F&& f) {
+  using std::integral_constant;
+  switch (sw.first * 10 + sw.second) {
+    case 31: return f(integral_constant<int, 3>{}, integral_constant<int, 1>{});
+    case 51: return f(integral_constant<int, 5>{}, integral_constant<int, 1>{});
+    case 71: return f(integral_constant<int, 7>{}, integral_constant<int, 1>{});
+    case 32: return f(integral_constant<int, 3>{}, integral_constant<int, 2>{});
+    case 52: return f(integral_constant<int, 5>{}, integral_constant<int, 2>{});
+    default: return f(integral_constant<int, 0>{}, integral_constant<int, 0>{});
+  }
+}
+
+template <typename Kernel, typename... KArgs>
+Status launch(Kernel kernel, const char* name, int64_t blocks, int threads, int64_t smem,
+              cudaStream_t stream, KArgs... args) {
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(smem));
+    if (e != cudaSuccess)
+      return Status::Error(std::string("CUDA error in ") + name + ": " + cudaGetErrorString(e));
+  }
+  kernel<<<unsigned(blocks), threads, size_t(smem), stream>>>(args...);
+  return cuda::check_launch(name);
+}
+
+template <typename In, typename Out>
+Status run_conv(const Args& a, const Buffers& b, cudaStream_t stream) {
+  ConvPlan pl = plan_conv(a);
+  if (pl.blocks == 0) return Status::Ok();
+  ConvGeom& g = pl.g;
+  const In* src = static_cast<const In*>(a.dir == Direction::kFwd ? b.x : b.y);
+  const auto* w = static_cast<const In*>(b.w);
+  auto* dst = static_cast<Out*>(b.result);
+  g.src.vec = g.src.chan_mul == 1 && g.src.chan_div == 1 && g.src.c % Vec<In>::kN == 0 &&
+              aligned16(src);
+  constexpr int V = Vec<dev_acc_t<In>>::kN;
+  g.vec_dst = g.dst_c % V == 0 && reinterpret_cast<uintptr_t>(dst) % (V * sizeof(Out)) == 0;
+  const char* name = "conv depthwise_conv_kernel";
+  if (pl.transposed)
+    return launch(depthwise_conv_kernel<In, Out, 0, 0, true>, name, pl.blocks, pl.threads,
+                  pl.smem, stream, g, src, w, dst);
+  return with_window(g.passes == 1 ? fast_window(g.t.w) : std::make_pair(0, 0), [&](auto kS, auto kSW) {
+    return launch(depthwise_conv_kernel<In, Out, decltype(kS)::value, decltype(kSW)::value, false>, name, pl.blocks,
+                  pl.threads, pl.smem, stream, g, src, w, dst);
+  });
+}
+
+template <typename In, typename Out>
+Status run_filter(const Args& a, const Buffers& b, void* workspace, cudaStream_t stream) {
+  using Acc = dev_acc_t<In>;
+  FilterPlan pl = plan_filter(a);
+  FilterGeom& g = pl.g;
+  const int taps = g.t.h.taps * g.t.w.taps;
+  if (int64_t(taps) * g.K == 0) return Status::Ok();
+  const auto* x = static_cast<const In*>(b.x);
+  const auto* dy = static_cast<const In*>(b.y);
+  auto* partial = static_cast<Acc*>(workspace);
+  g.x.vec = g.x.chan_div == 1 && g.x.c % Vec<In>::kN == 0 && aligned16(x);
+  g.dy.vec = g.dy.c % Vec<In>::kN == 0 && aligned16(dy);
+  if (g.chunks > 0) {
+    Status s = with_window(fast_window(g.t.w), [&](auto kS, auto kSW) {
+      return launch(depthwise_filter_kernel<In, decltype(kS)::value, decltype(kSW)::value>,
+                    "conv depthwise_filter_kernel", int64_t(g.chunks) * g.t.slices, pl.threads,
+                    pl.smem, stream, g, x, dy, partial);
+    });
+    if (!s.ok()) return s;
+  }
+  constexpr int kThreads = 256;
+  return launch(depthwise_filter_sum_kernel<Acc, Out>, "conv depthwise_filter_sum_kernel",
+                cuda::grid_for(int64_t(taps) * g.K, kThreads), kThreads, 0, stream, g.chunks,
+                g.t.slices, taps, g.K, static_cast<const Acc*>(partial),
+                static_cast<Out*>(b.result));
+}
+
+Support supports(const Args& a) {
+  return a.dir == Direction::kBwdFilter ? plan_filter(a).support : plan_conv(a).support;
+}
+
+int64_t workspace_bytes(const Args& a) {
+  return a.dir == Direction::kBwdFilter ? plan_filter(a).workspace : 0;
+}
+
+Status run(const Args& a, const Buffers& b, void* workspace, cudaStream_t stream) {
+  Status status;
+  bool ok = dispatch_io(a.in, a.out, [&](auto in_tag, auto out_tag) {
+    using In = device_t<decltype(in_tag)>;
+    using Out = device_t<decltype(out_tag)>;
+    status = a.dir == Direction::kBwdFilter ? run_filter<In, Out>(a, b, workspace, stream)
+                                            : run_conv<In, Out>(a, b, stream);
+  });
+  if (!ok)
+    return Status::Error(std::string("conv depthwise: unsupported dtypes ") + dtype_name(a.in) +
+                         " -> " + dtype_name(a.out));
+  return status;
+}
+
+}  // namespace
+
+const CudaAlgorithm kCudaDepthwise = {"depthwise", /*deterministic=*/true,
+                                      /*tensor_cores=*/false, supports, workspace_bytes, run};
+
+}  // namespace jaxdnn::conv
