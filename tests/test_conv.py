@@ -186,6 +186,8 @@ def test_deterministic_algorithms_are_bitwise_reproducible(platform):
     x, w = rand(rng, case.x_shape), rand(rng, case.w_shape)
     ct = rand(rng, (2, 6, 6, 40))
     for algo in _registered(platform):
+        if not _problem_supported(case, jnp.float32, algo, platform, ct.shape):
+            continue
         outs1 = _ours_all(case, *on(platform, x, w, ct), algo)
         outs2 = _ours_all(case, *on(platform, x, w, ct), algo)
         infos = {a.name: a for a in jaxdnn.conv_algorithms(

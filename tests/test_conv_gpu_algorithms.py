@@ -232,7 +232,7 @@ def test_gemm_algorithms_report_reasons_and_workspaces():
 @needs_cuda_module
 def test_split_k_plan():
     """bwd_filter of a 3x3 64->64 layer at N=64 has one 128x64 output tile per 128 filter rows
-    (5 tiles) and 64*56*56 / 32 = 6272 bf16 k-slices: split-K cuts it into ceil(264 / 5) = 53
+    (5 tiles) and 64*56*56 / 64 = 3136 bf16 k-slices: split-K cuts it into ceil(264 / 5) = 53
     ranges, and the ordered workspace holds one float partial C per split."""
     infos, _ = _infos((64, 56, 56, 64), (3, 3, 64, 64), dict(window_strides=(1, 1),
                                                              padding="SAME"),

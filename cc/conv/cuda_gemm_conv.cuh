@@ -32,11 +32,12 @@ inline Shape shape_of(const Args& a) {
 
 inline int elem_bytes(DType t) { return t == DType::kF64 ? 8 : (t == DType::kF32 ? 4 : 2); }
 
-// Tiles: (BM, BN) = (128, 64) with 4 warps when the GEMM's N is at most 64 (ResNet's 64-channel
-// layers would waste half of a 128-wide tile), else (128, 128) with 8 warps; warp tile 64 x 32,
-// 4 stages (48 / 64 KB of shared memory).
-template <typename T> using TileNarrow = Tile<T, 128, 64, 64, 32, 4>;
-template <typename T> using TileWide = Tile<T, 128, 128, 64, 32, 4>;
+// Tiles: (BM, BN) = (128, 64) with 4 warps of 64 x 32 when the GEMM's N is at most 64 (ResNet's
+// 64-channel layers would waste half of a 128-wide tile), else (128, 128) with 4 warps of 64 x 64
+// (32 independent mmas per k step per warp); 3 stages of 128-byte k-slices (72 / 96 KB of shared
+// memory, two CTAs per SM).
+template <typename T> using TileNarrow = Tile<T, 128, 64, 64, 32, 3>;
+template <typename T> using TileWide = Tile<T, 128, 128, 64, 64, 3>;
 
 constexpr int kTileM = 128;
 inline int tile_n(int64_t N) { return N <= 64 ? 64 : 128; }
@@ -129,9 +130,14 @@ enum class Reduce { kNone, kOrdered, kAtomic };
 inline Support split_support(const Args& a, Reduce r) {
   if (r == Reduce::kNone) return Support::Yes();
   const SplitPlan plan = split_plan(a);
-  if (plan.splits < 2)
-    return Support::No("the output already fills the GPU (" + std::to_string(output_tiles(a)) +
-                       " tiles): split-K would run one split");
+  if (plan.splits < 2) {
+    const int64_t tiles = output_tiles(a);
+    if (tiles >= kTargetCtas)
+      return Support::No("the output already fills the GPU (" + std::to_string(tiles) +
+                         " tiles): split-K would run one split");
+    return Support::No("the reduction (" + std::to_string(k_slices(a)) +
+                       " slices) is too short to split");
+  }
   if (a.p.G * plan.splits > 65535) return Support::No("too many groups for split-K");
   return Support::Yes();
 }
@@ -179,7 +185,9 @@ Status launch(const Args& a, const typename AL::Params& ap, const typename BL::P
     return cuda::check_launch("conv gemm workspace memset");
   auto kernel = gemm_kernel<kMode, C, AL, BL>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           C::kSmemBytes) != cudaSuccess)
+                           C::kSmemBytes) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared) != cudaSuccess)
     return cuda::check_launch(name);
   const dim3 grid(unsigned((s.M + C::BM - 1) / C::BM), unsigned((s.N + C::BN - 1) / C::BN),
                   unsigned(a.p.G * run.splits));

@@ -1,5 +1,5 @@
 // Operand loaders of the GEMM core (cuda_gemm_core.cuh): how one thread finds the 16-byte
-// chunks of a (BMN x 64-byte) k-slice of A or B in the conv tensors and copies them to shared
+// chunks of a (BMN x 128-byte) k-slice of A or B in the conv tensors and copies them to shared
 // memory. Each loader is a small state machine: the constructor places the thread's chunks at
 // k-slice kt0 (one round of divisions), next() advances by one slice (increments only), load()
 // issues the cp.asyncs, zero-filling padding, holes and the ragged edges.
