@@ -92,7 +92,7 @@ def _cuda_preference(direction: str, spec, depthwise: bool) -> list[str]:
     if depthwise:
         return ["depthwise", "direct"]
     if direction == "bwd_filter":
-        return ["implicit_gemm_splitk", "implicit_gemm", "im2col_gemm",
+        return ["implicit_precomp_gemm", "implicit_gemm_splitk", "implicit_gemm", "im2col_gemm",
                 "implicit_gemm_splitk_atomic", "winograd_nonfused", "fft_tiling", "fft", "direct"]
     return ["implicit_precomp_gemm", "implicit_gemm", "implicit_gemm_splitk", "im2col_gemm",
             "winograd", "winograd_nonfused", "fft_tiling", "fft", "implicit_gemm_splitk_atomic",

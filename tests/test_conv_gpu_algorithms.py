@@ -225,8 +225,13 @@ def test_gemm_algorithms_report_reasons_and_workspaces():
     infos, _ = _infos((2, 8, 8, 16), (3, 3, 16, 16), kw)
     assert infos["implicit_precomp_gemm"].workspace_bytes == 2 * 8 * 8 * 9 * 4
     assert infos["implicit_gemm"].workspace_bytes == 0
+    # bwd_filter: the same table (x offsets per output pixel and tap) plus, when the reduction
+    # splits, one float partial filter per split.
     bwdf, _ = _infos((2, 8, 8, 16), (3, 3, 16, 16), kw, direction="bwd_filter")
-    assert not bwdf["implicit_precomp_gemm"].supported
+    assert bwdf["implicit_precomp_gemm"].workspace_bytes == 2 * 8 * 8 * 9 * 4
+    big, _ = _infos((64, 56, 56, 64), (3, 3, 64, 64), kw, jnp.bfloat16, direction="bwd_filter")
+    table = 64 * 56 * 56 * 9 * 4
+    assert big["implicit_precomp_gemm"].workspace_bytes == table + 53 * 576 * 64 * 4
 
 
 @needs_cuda_module

@@ -8,6 +8,7 @@
 //   ActRows<fwd>  k-major   pixels x (tap, Cg)                implicit_gemm fwd A (x)
 //   ActRows<bwd>  k-major   pixels x (tap, Kg)                implicit_gemm bwd_data A (dy)
 //   TableRows     k-major   same, offsets from a table        implicit_precomp_gemm A
+//   TableCols     mn-major  like ActCols, offsets from a table implicit_precomp_gemm bwd_filter A
 //   WeightRows    k-major   Cg x (tap, Kg)                    bwd_data B (w^T)
 //   ActCols       mn-major  (n,z,p,q) x (tap, Cg)             implicit_gemm bwd_filter A (x^T)
 //   PlainK        k-major   a row-major matrix                im2col_gemm A (fwd, bwd_data)
@@ -310,6 +311,43 @@ struct ActCols : Elems<T> {
 #pragma unroll
     for (int i = 0; i < Map::kPerThread; ++i) row[i].advance(Elems<T>::kBK, p.geo.out);
   }
+};
+
+// A of implicit_precomp_gemm's bwd_filter: like ActCols, with the x offset of every (output
+// pixel, tap) pair (or -1) from the forward direction's table.
+template <typename T, int BMN, int THREADS>
+struct TableCols : Elems<T> {
+  static constexpr bool kKMajor = false;
+  using TileT = MnMajorTile<T, BMN, Elems<T>::kBK>;
+  using Map = ChunkMap<Elems<T>::kBK, TileT::kCpr, THREADS>;
+  struct Params { const T* x; const int* table; int taps; int M; int pixels; int Cg; };
+
+  const Params& p;
+  int tap, j0, col;
+  bool col_ok;
+  const T* base;
+
+  __device__ __forceinline__ TableCols(const Params& params, int mn0, int g, int kt0, int tid)
+      : p(params) {
+    col = Map::col(tid);
+    const int m = mn0 + col * Elems<T>::kEpc;
+    col_ok = m < p.M;
+    tap = m / p.Cg;
+    base = p.x + int64_t(g) * p.Cg + (m - tap * p.Cg);
+    j0 = kt0 * Elems<T>::kBK + Map::row0(tid);
+  }
+
+  __device__ __forceinline__ void load(uint32_t tile) {
+#pragma unroll
+    for (int i = 0; i < Map::kPerThread; ++i) {
+      const int j = j0 + i * Map::kRowStep;
+      const int off = (col_ok && j < p.pixels) ? __ldg(p.table + int64_t(j) * p.taps + tap) : -1;
+      cp_async16(tile + TileT::offset(Map::row0(threadIdx.x) + i * Map::kRowStep, col),
+                 off >= 0 ? base + off : p.x, off >= 0);
+    }
+  }
+
+  __device__ __forceinline__ void next() { j0 += Elems<T>::kBK; }
 };
 
 // A row-major matrix with `rows` x `cols` used elements, leading dimension `ld` and group g's

@@ -1,11 +1,16 @@
 // implicit_precomp_gemm: implicit_gemm whose activation gather reads precomputed offsets.
-// A first kernel writes, for every (GEMM row, filter tap), the element offset of the pixel it
+// A first kernel writes, for every (pixel, filter tap), the element offset of the pixel it
 // reads in the gathered tensor (or -1 on padding) into the workspace; the GEMM's A loader then
 // replaces the per-chunk coordinate arithmetic (three index maps with bounds, divisions when
-// strided or dilated) by one cached 4-byte load. fwd and bwd_data (bwd_filter gathers along
-// the reduction, where a table would be as large as the activations).
-// Workspace = M * T*R*S * 4 bytes (M = the GEMM's rows: output pixels for fwd, input pixels for
-// bwd_data).
+// strided or dilated, carries of the incremental cursors) by one cached 4-byte load. Those
+// integer instructions compete with the mmas for issue slots: the table is worth 10-35% on
+// the 3x3 layers (benchmarks/NOTES.md).
+//   fwd, bwd_filter  table[output pixel][tap] = offset of the x pixel it reads (or -1)
+//   bwd_data         table[input pixel][tap]  = offset of the dy pixel it reads (or -1)
+// bwd_filter reduces over all output pixels into a small filter-sized result, so it always
+// runs split-K with an ordered reduction of the partial sums (deterministic) when that
+// gives more than one split.
+// Workspace = pixels * T*R*S * 4 bytes (rounded up to 256) + the split-K partials.
 
 #include "cc/conv/cuda_gemm_conv.cuh"
 
@@ -15,9 +20,9 @@ namespace {
 using namespace gemm;
 
 template <Direction kDir>
-__global__ void offsets_kernel(Geo geo, int* __restrict__ table, int64_t M, int channels) {
+__global__ void offsets_kernel(Geo geo, int* __restrict__ table, int64_t pixels, int channels) {
   const int taps = geo.taps();
-  const int64_t total = M * taps;
+  const int64_t total = pixels * taps;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t pix = gathered_pixel<kDir>(geo, e / taps, int(e % taps));
@@ -25,49 +30,77 @@ __global__ void offsets_kernel(Geo geo, int* __restrict__ table, int64_t M, int 
   }
 }
 
+// Rows of the table: the pixels whose reads it records.
+int64_t table_rows(const Args& a) {
+  return a.dir == Direction::kBwdData ? a.p.N * a.p.in_spatial() : a.p.N * a.p.out_spatial();
+}
+
+int64_t table_bytes(const Args& a) {
+  return (table_rows(a) * a.p.filt_spatial() * int64_t(sizeof(int)) + 255) / 256 * 256;
+}
+
+Reduce reduce_of(const Args& a) {
+  return a.dir == Direction::kBwdFilter && split_plan(a).splits > 1 ? Reduce::kOrdered
+                                                                    : Reduce::kNone;
+}
+
 Support supports(const Args& a) {
-  if (a.dir == Direction::kBwdFilter)
-    return Support::No("bwd_filter gathers along the reduction: use implicit_gemm");
   Support s = gemm_dtype_support(a);
   if (!s.ok) return s;
   return channel_support(a);
 }
 
-int64_t workspace_bytes(const Args& a) {
-  return shape_of(a).M * a.p.filt_spatial() * int64_t(sizeof(int));
-}
+int64_t workspace_bytes(const Args& a) { return table_bytes(a) + reduce_workspace(a, reduce_of(a)); }
 
 template <Mode kMode>
 Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
   using T = typename ModeTraits<kMode>::T;
   const Geo geo = make_geo(a.p);
   const Shape s = shape_of(a);
-  const bool fwd = a.dir == Direction::kFwd;
+  const Direction dir = a.dir;
   int* table = static_cast<int*>(ws);
+  void* partials = static_cast<char*>(ws) + table_bytes(a);
   constexpr int kThreads = 256;
-  const unsigned blocks = cuda::grid_for(s.M * a.p.filt_spatial(), kThreads);
-  if (fwd)
-    offsets_kernel<Direction::kFwd><<<blocks, kThreads, 0, stream>>>(geo, table, s.M, geo.C);
+  const unsigned blocks = cuda::grid_for(table_rows(a) * a.p.filt_spatial(), kThreads);
+  if (dir == Direction::kBwdData)
+    offsets_kernel<Direction::kBwdData><<<blocks, kThreads, 0, stream>>>(geo, table, table_rows(a),
+                                                                         geo.K);
   else
-    offsets_kernel<Direction::kBwdData><<<blocks, kThreads, 0, stream>>>(geo, table, s.M, geo.K);
+    offsets_kernel<Direction::kFwd><<<blocks, kThreads, 0, stream>>>(geo, table, table_rows(a),
+                                                                     geo.C);
   if (Status st = cuda::check_launch("conv implicit_precomp_gemm offsets_kernel"); !st.ok())
     return st;
-  const T* act = static_cast<const T*>(fwd ? b.x : b.y);
+  const T* x = static_cast<const T*>(b.x);
   const T* w = static_cast<const T*>(b.w);
+  const T* y = static_cast<const T*>(b.y);
   return with_tile<T>(s.N, [&](auto tile) -> Status {
     using C = decltype(tile);
-    using AL = TableRows<T, C::BM, C::kThreads>;
-    const typename AL::Params ap{act, table, geo, int(s.M), fwd ? geo.Cg : geo.Kg};
-    if (fwd) {
-      using BL = PlainMn<T, C::BN, C::kThreads>;
-      const typename BL::Params bp{w, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
-      return launch<kMode, C, AL, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
-                                      "conv implicit_precomp_gemm fwd gemm_kernel");
+    using Rows = TableRows<T, C::BM, C::kThreads>;
+    switch (dir) {
+      case Direction::kFwd: {
+        using BL = PlainMn<T, C::BN, C::kThreads>;
+        const typename Rows::Params ap{x, table, geo, int(s.M), geo.Cg};
+        const typename BL::Params bp{w, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
+        return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
+                                          "conv implicit_precomp_gemm fwd gemm_kernel");
+      }
+      case Direction::kBwdData: {
+        using BL = WeightRows<T, C::BN, C::kThreads>;
+        const typename Rows::Params ap{y, table, geo, int(s.M), geo.Kg};
+        const typename BL::Params bp{w, geo};
+        return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
+                                          "conv implicit_precomp_gemm bwd_data gemm_kernel");
+      }
+      case Direction::kBwdFilter: {
+        using AL = TableCols<T, C::BM, C::kThreads>;
+        using BL = PlainMn<T, C::BN, C::kThreads>;
+        const typename AL::Params ap{x, table, geo.taps(), int(s.M), int(s.Kd), geo.Cg};
+        const typename BL::Params bp{y, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
+        return launch<kMode, C, AL, BL>(a, ap, bp, b.result, reduce_of(a), partials, stream,
+                                        "conv implicit_precomp_gemm bwd_filter gemm_kernel");
+      }
     }
-    using BL = WeightRows<T, C::BN, C::kThreads>;
-    const typename BL::Params bp{w, geo};
-    return launch<kMode, C, AL, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
-                                    "conv implicit_precomp_gemm bwd_data gemm_kernel");
+    return Status::Error("conv implicit_precomp_gemm: bad direction");
   });
 }
 
