@@ -20,6 +20,8 @@ import jaxdnn
 from jaxdnn import _config, algo, tuning
 from jaxdnn.ops import conv as conv_mod
 
+from util import has_gpu
+
 SPEC = jaxdnn.conv_problem(jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32),
                            jax.ShapeDtypeStruct((3, 3, 4, 8), jnp.float32), padding=1).spec
 
@@ -199,6 +201,21 @@ def test_find_times_and_checks_every_algorithm():
     assert names == {a.name for a in jaxdnn.conv_algorithms(p, "cpu")}
     assert all(r.ok and r.time_s > 0 and r.error < 1e-5 for r in results)
     assert [r.time_s for r in results] == sorted(r.time_s for r in results)
+
+
+@pytest.mark.skipif(not has_gpu(), reason="no GPU")
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: np.dtype(d).name)
+def test_find_on_the_gpu_times_with_cuda_events(dtype):
+    """Every supported CUDA algorithm runs, agrees with the oracle and is timed on the device
+    (CUDA events on its own stream); the sorted list is fastest first."""
+    p = jaxdnn.conv_problem(jax.ShapeDtypeStruct((8, 16, 16, 32), dtype),
+                            jax.ShapeDtypeStruct((3, 3, 32, 64), dtype), padding=1)
+    results = jaxdnn.find_conv_algorithms(p, "cuda", repeats=3)
+    ran = [r for r in results if r.timer]
+    supported = {a.name for a in jaxdnn.conv_algorithms(p, "cuda") if a.supported}
+    assert {r.name for r in ran} == supported and len(ran) >= 3
+    assert all(r.ok and r.timer == "cuda events" and 0 < r.time_s < 1 for r in ran)
+    assert [r.time_s for r in ran] == sorted(r.time_s for r in ran)
 
 
 def test_find_rejects_a_wrong_algorithm(monkeypatch):

@@ -29,8 +29,15 @@ extern const CudaAlgorithm kCudaImplicitGemmSplitK;
 extern const CudaAlgorithm kCudaImplicitGemmSplitKAtomic;
 extern const CudaAlgorithm kCudaImplicitPrecompGemm;  // cuda_implicit_precomp_gemm.cu
 extern const CudaAlgorithm kCudaIm2colGemm;           // cuda_im2col_gemm.cu
+extern const CudaAlgorithm kCudaWinograd;          // cuda_winograd.cu: fused F(2x2,3x3)
+extern const CudaAlgorithm kCudaWinogradNonfused;  // cuda_winograd_nonfused.cu: F(4x4,3x3)
 
 const std::vector<const CudaAlgorithm*>& cuda_algorithms();
+
+// cuda_find.cu: runs `alg` on a problem `repeats` times on buffers and a stream of its own,
+// appending each run's device time (CUDA events, milliseconds) to *ms.
+Status time_cuda_algorithm(const CudaAlgorithm& alg, const Args& a, int repeats,
+                           std::vector<float>* ms);
 const CudaAlgorithm* find_cuda_algorithm(const char* name);
 
 }  // namespace jaxdnn::conv

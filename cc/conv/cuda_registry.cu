@@ -12,6 +12,8 @@ const std::vector<const CudaAlgorithm*>& cuda_algorithms() {
       &kCudaImplicitGemmSplitKAtomic,
       &kCudaImplicitPrecompGemm,
       &kCudaIm2colGemm,
+      &kCudaWinograd,
+      &kCudaWinogradNonfused,
   };
   return kAll;
 }

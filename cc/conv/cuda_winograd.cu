@@ -24,10 +24,11 @@
 // (cached, each input element is read by 4 overlapping patches) and 16*8*64 floats of U (L2
 // resident: 16*C*K*4 bytes, 0.25 .. 16 MB on ResNet-50), i.e. ~13 FMAs per smem byte.
 //
-// Performance (H200, float32, N=64, ResNet-50 3x3 layers): the main loop is FFMA-bound; at
-// ~70% of the 67 TFLOP/s FMA peak the prediction is ~100 effective TFLOP/s (2*N*P*Q*K*C*9 /
-// time) at 56x56 and 28x28, ~90 at 14x14 and ~75 at 7x7 (4x4 tiles of 2x2 cover 8x8: 31%
-// waste). Measured: see dev/drivers/winograd_check.cu (not yet run on a GPU).
+// Performance (H200, float32, N=64, ResNet-50 3x3 layers): the main loop is FFMA-bound (74% of
+// its instructions are FFMA; the rest loads, transforms and addresses). At ~63% of the 67
+// TFLOP/s FMA peak: 56x56, 28x28 and 14x14 are 3.3 G FMA each, ~156 us, ~95 effective TFLOP/s
+// (2*N*P*Q*K*C*9 / time); 7x7 is 4.3 G FMA (4x4 tiles of 2x2 cover 8x8: 31% waste), ~205 us,
+// ~72. Measured: see dev/drivers/winograd_check.cu (not yet run on a GPU).
 // Numerics: transforms and accumulation in float32 (float16/bfloat16 converted on load); the
 // filter transform in double. Deterministic: fixed summation order, no atomics.
 
@@ -95,17 +96,17 @@ winograd_f2_kernel(Geom g, const In* __restrict__ in, const float* __restrict__ 
   // Multiply role: one xi; tiles {16*i + 4*tm + e}, channels {16*j + 4*tn + e} (e < 4).
   const int xi = tid / 16, tm = tid / 4 % 4, tn = tid % 4;
 
+  // The step's U block (16, 8, 64): 2048 16-byte chunks, 8 per thread: chunk tid + 256*i is
+  // column cu of row (xi, c) = (tid / 128 + 2*i, cu_row) of the block.
+  const int cu = tid % 16 * 4, cu_row = tid / 16 % kInCh, cu_xi = tid / 128;
   const int64_t u_xi_stride = g.G * cgp * kgp;
-  const float* u_blk = u_ws + grp * cgp * kgp + k0;
-  // The step's U block (16, 8, 64): 2048 16-byte chunks, 8 per thread, 16 per (xi, c) row.
+  const float* u_src = u_ws + cu_xi * u_xi_stride + (grp * cgp + cu_row) * kgp + k0 + cu;
   auto copy_u = [&](int64_t step, int buf) {
+    const float* src = u_src + step * kInCh * kgp;
+    float* dst = &sm.u[buf][cu_xi * kUXi + cu_row * kOutCh + cu];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int j = tid + kThreads * i, row = j / 16, col = j % 16 * 4;
-      const int x = row / kInCh, c = row % kInCh;
-      __pipeline_memcpy_async(&sm.u[buf][x * kUXi + c * kOutCh + col],
-                              u_blk + x * u_xi_stride + (step * kInCh + c) * kgp + col, 16);
-    }
+    for (int i = 0; i < 8; ++i)
+      __pipeline_memcpy_async(dst + 2 * i * kUXi, src + 2 * i * u_xi_stride, 16);
     __pipeline_commit();
   };
   auto store_v = [&](const float (&d)[4][4], int buf) {
@@ -125,13 +126,12 @@ winograd_f2_kernel(Geom g, const In* __restrict__ in, const float* __restrict__ 
   }
   __syncthreads();
   for (int64_t s = 0; s < steps; ++s) {
+    // The next step's loads are in flight during this step's products (on the last step, the
+    // last step again, into the idle buffer: branch-free, so the loads are issued early).
     const int buf = int(s & 1);
-    const bool next = s + 1 < steps;
-    if (next) {
-      copy_u(s + 1, buf ^ 1);
-      const int64_t c = (s + 1) * kInCh + tc;
-      patch.read(in, c, c < g.Cg, d);
-    }
+    const int64_t next = s + 1 < steps ? s + 1 : s, c_next = next * kInCh + tc;
+    copy_u(next, buf ^ 1);
+    patch.read(in, c_next, c_next < g.Cg, d);
     const float* vb = &sm.v[buf][xi * kVXi + tm * 4];
     const float* ub = &sm.u[buf][xi * kUXi + tn * 4];
 #pragma unroll
@@ -150,10 +150,8 @@ winograd_f2_kernel(Geom g, const In* __restrict__ in, const float* __restrict__ 
 #pragma unroll
         for (int j = 0; j < 16; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
     }
-    if (next) {
-      store_v(d, buf ^ 1);
-      __pipeline_wait_prior(0);
-    }
+    store_v(d, buf ^ 1);
+    __pipeline_wait_prior(0);
     __syncthreads();
   }
 
@@ -237,7 +235,6 @@ Status run(const Args& a, const Buffers& b, void* workspace, cudaStream_t stream
 
 }  // namespace
 
-extern const CudaAlgorithm kCudaWinograd;
 const CudaAlgorithm kCudaWinograd = {"winograd", /*deterministic=*/true, /*tensor_cores=*/false,
                                      supports, workspace_bytes, run};
 

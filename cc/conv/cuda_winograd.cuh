@@ -36,6 +36,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cc/common/cuda_util.h"
@@ -192,34 +193,41 @@ inline Support support_3x3(const Args& a) {
   if (p.stride[1] != 1 || p.stride[2] != 1) return Support::No("needs stride 1");
   if (p.rhs_dil[1] != 1 || p.rhs_dil[2] != 1 || p.lhs_dil[1] != 1 || p.lhs_dil[2] != 1)
     return Support::No("needs no dilation");
+  if (std::max(p.in[2] * p.C, p.out[2] * p.K) >= (int64_t(1) << 28))
+    return Support::No("an image row of 2^28 or more elements");
+  // The channel GEMMs pad Cg to 8+ and Kg to 64: one channel per group would be mostly padding
+  // (and gigabytes of workspace at ImageNet sizes).
+  if (p.Cg() == 1 && p.G > 1) return Support::No("depthwise: use depthwise");
   return Support::Yes();
 }
 
 // ---- tile loads and stores ------------------------------------------------------------------
 
 // Reads the a x a input patches of one output tile of group `grp`, one channel at a time;
-// elements outside the input (or of a tile past the end) read as zero.
+// elements outside the input (or of a tile past the end) read as zero. Offsets within a patch
+// are 32-bit (support_3x3 bounds an image row).
 template <int kM>
 struct PatchReader {
   static constexpr int kA = kM + 2;
-  int64_t base;  // element offset of patch element (0, 0), channel 0 of the group
-  int64_t row_stride, col_stride;
-  unsigned rows, cols;  // bit i: patch row / column i lies inside the input
+  int64_t base;                     // element offset of patch element (0, 0), channel 0 of the group
+  int32_t row_stride, col_stride;   // W * Cin, Cin
+  uint64_t inside;                  // bit i * kA + j: patch element (i, j) lies inside the input
 
   __device__ __forceinline__ PatchReader(const Geom& g, int64_t tile, int64_t grp) {
     const int64_t per_image = g.TP * g.TQ;
     const int64_t n = tile / per_image, tp = tile % per_image / g.TQ, tq = tile % g.TQ;
     const int64_t h0 = tp * kM - g.pad_h, w0 = tq * kM - g.pad_w;
-    col_stride = g.Cin();
-    row_stride = g.W * col_stride;
-    base = ((n * g.H + h0) * g.W + w0) * col_stride + grp * g.Cg;
-    rows = cols = 0;
+    col_stride = int32_t(g.Cin());
+    row_stride = int32_t(g.W * g.Cin());
+    base = ((n * g.H + h0) * g.W + w0) * g.Cin() + grp * g.Cg;
+    inside = 0;
     if (tile < g.tiles()) {
 #pragma unroll
-      for (int i = 0; i < kA; ++i) {
-        rows |= unsigned(h0 + i >= 0 && h0 + i < g.H) << i;
-        cols |= unsigned(w0 + i >= 0 && w0 + i < g.W) << i;
-      }
+      for (int i = 0; i < kA; ++i)
+#pragma unroll
+        for (int j = 0; j < kA; ++j)
+          inside |= uint64_t(h0 + i >= 0 && h0 + i < g.H && w0 + j >= 0 && w0 + j < g.W)
+                    << (i * kA + j);
     }
   }
 
@@ -227,13 +235,13 @@ struct PatchReader {
   template <typename In>
   __device__ __forceinline__ void read(const In* __restrict__ in, int64_t c, bool valid,
                                        float (&d)[kA][kA]) const {
+    const In* p = in + (base + c);  // dereferenced only inside the image
+    const uint64_t m = valid ? inside : 0;
 #pragma unroll
     for (int i = 0; i < kA; ++i)
 #pragma unroll
       for (int j = 0; j < kA; ++j)
-        d[i][j] = valid && (rows >> i & cols >> j & 1u)
-                      ? cuda::to_acc(in[base + i * row_stride + j * col_stride + c])
-                      : 0.f;
+        d[i][j] = m >> (i * kA + j) & 1u ? cuda::to_acc(p[i * row_stride + j * col_stride]) : 0.f;
   }
 };
 

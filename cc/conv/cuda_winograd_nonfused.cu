@@ -26,14 +26,19 @@
 // stream through L2).
 //
 // Work (fwd, per group): 36 * T * Cg * Kg GEMM FMAs (vs 9 * 16 * T * Cg * Kg for direct: 4x
-// fewer, less the tile padding) plus 4 transform passes that stream V and M: bytes ~
-// 4 * 36 * T * (2*Cg + 2*Kg) + |x| + |y|. ResNet-50 layer 56x56 64->64 at N = 64: T = 12544,
-// V = M = 116 MB, GEMM 3.7 GFLOP.
-// Performance (H200, float32, N=64, pad 1) predicted from a ~40 TFLOP/s SIMT GEMM and ~3 TB/s
-// for the transform passes (V and M partly stay in the 50 MB L2): 56x56x64 ~0.26 ms (~57
-// effective TFLOP/s, 2*N*P*Q*K*C*9 / time), 28x28x128 ~0.17 ms (~85), 14x14x256 and 7x7x512
-// (tiles cover 16x16 and 8x8: 31% waste) ~0.17 ms (~85). Measured: see
-// dev/drivers/winograd_check.cu (not yet run on a GPU).
+// fewer, less the tile padding) plus transform passes that write and read V and M once each:
+// bytes ~ 4 * 36 * T * (2*Cg + 2*Kg) + |x| + |y| (56x56 64->64, N = 64: T = 12544, V = M =
+// 116 MB).
+// Performance (H200, float32, N=64, pad 1), predicted from the GEMM at ~60% of the 67 TFLOP/s
+// FMA peak and ~3.5 TB/s for the transform passes (effective TFLOP/s = 2*N*P*Q*K*C*9 / time):
+//   56x56  64->64   GEMM 1.85 G FMA ~92 us + transforms 334 MB ~95 us   ~190 us  ~78 TFLOP/s
+//   28x28 128->128  GEMM 1.85 G FMA ~92 us + transforms 167 MB ~48 us   ~140 us ~105
+//   14x14 256->256  GEMM 2.42 G FMA ~121 us + 101 MB ~29 us             ~150 us  ~99
+//    7x7  512->512  GEMM 2.42 G FMA ~121 us + 50 MB ~14 us              ~135 us ~110
+// (the transforms' bytes are x + V read and written once, M + y likewise; at 14x14 and 7x7
+// the 4x4 tiles cover 16x16 and 8x8, 31% padding).
+// bwd_data is the same; bwd_filter adds the dy transform and, at 56x56, a 24-way split.
+// Measured: see dev/drivers/winograd_check.cu (not yet run on a GPU).
 // Numerics: float32 transforms and accumulation (float16/bfloat16 converted on load; filter
 // transforms in double); F(4x4) roughly triples float32 error over direct (~3e-6 relative L2
 // at C = 512). Deterministic: fixed summation orders, no atomics.
@@ -68,7 +73,8 @@ struct Plan {
   Geom g;
   int64_t tp, cgp, kgp;  // padded tiles and channels
   int64_t splits;        // bwd_filter reduction slices (1 otherwise)
-  // Buffer offsets in floats: V, then U (fwd / bwd_data) or E (bwd_filter), then M or S.
+  // Buffer sizes in floats; the workspace holds V, then U (fwd, bwd_data) or E (bwd_filter),
+  // then M or S.
   int64_t v_floats() const { return kXi * g.G * tp * cgp; }
   int64_t mid_floats(bool filter) const { return kXi * g.G * (filter ? tp : cgp) * kgp; }
   int64_t out_floats(bool filter) const {
@@ -97,6 +103,18 @@ Plan plan_of(const Args& a) {
 
 // ---- transform kernels ---------------------------------------------------------------------
 
+// The 36 xi values of one (tile, channel) of a transformed buffer: element xi lives at
+// p[xi * plane], one (G, rows, cols) plane per xi.
+__device__ __forceinline__ void scatter_xi(float* p, int64_t plane, const float (&r)[6][6]) {
+#pragma unroll
+  for (int xi = 0; xi < kXi; ++xi) p[xi * plane] = r[xi / 6][xi % 6];
+}
+template <typename T>
+__device__ __forceinline__ void gather_xi(const float* p, int64_t plane, T (&r)[6][6]) {
+#pragma unroll
+  for (int xi = 0; xi < kXi; ++xi) r[xi / 6][xi % 6] = p[xi * plane];
+}
+
 // V[xi][grp][t][c] for t < tp, c < cgp (zero past the tiles and channels); c fastest.
 template <typename In>
 __global__ void input_transform_kernel(Geom g, const In* __restrict__ in, float* __restrict__ v,
@@ -108,9 +126,7 @@ __global__ void input_transform_kernel(Geom g, const In* __restrict__ in, float*
     float d[6][6], r[6][6];
     winograd::PatchReader<4>(g, t, grp).read(in, c, c < g.Cg, d);
     winograd::sandwich<W4::Bt>(d, r);
-    float* dst = v + (grp * tp + t) * cgp + c;
-#pragma unroll
-    for (int xi = 0; xi < kXi; ++xi) dst[xi * g.G * tp * cgp] = r[xi / 6][xi % 6];
+    scatter_xi(v + (grp * tp + t) * cgp + c, g.G * tp * cgp, r);
   }
 }
 
@@ -122,10 +138,8 @@ __global__ void output_transform_kernel(Geom g, const float* __restrict__ m, Out
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t k = e % g.Kg, grp = e / g.Kg % g.G, t = e / (g.Kg * g.G);
-    const float* src = m + (grp * tp + t) * kgp + k;
     float s[6][6], y[4][4];
-#pragma unroll
-    for (int xi = 0; xi < kXi; ++xi) s[xi / 6][xi % 6] = src[xi * g.G * tp * kgp];
+    gather_xi(m + (grp * tp + t) * kgp + k, g.G * tp * kgp, s);
     winograd::sandwich<W4::At>(s, y);
     winograd::write_tile<4>(out, g, t, grp, k, y);
   }
@@ -152,9 +166,7 @@ __global__ void grad_transform_kernel(Geom g, const In* __restrict__ dy, float* 
                                         grp * g.Kg + k])
                       : 0.f;
     winograd::sandwich<winograd::Transposed<W4::At>>(d, r);
-    float* dst = e_ws + (grp * tp + t) * kgp + k;
-#pragma unroll
-    for (int xi = 0; xi < kXi; ++xi) dst[xi * g.G * tp * kgp] = r[xi / 6][xi % 6];
+    scatter_xi(e_ws + (grp * tp + t) * kgp + k, g.G * tp * kgp, r);
   }
 }
 
@@ -168,12 +180,13 @@ __global__ void filter_grad_kernel(Geom g, const float* __restrict__ s_ws, Out* 
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t k = e % g.Kg, c = e / g.Kg % g.Cg, grp = e / (g.Kg * g.Cg);
     const float* src = s_ws + (grp * cgp + c) * kgp + k;
-    double s[6][6], f[3][3];
+    double s[6][6] = {}, part[6][6], f[3][3];
+    for (int64_t sp = 0; sp < splits; ++sp) {
+      gather_xi(src + sp * split_stride, g.G * cgp * kgp, part);
 #pragma unroll
-    for (int xi = 0; xi < kXi; ++xi) {
-      double sum = 0;
-      for (int64_t sp = 0; sp < splits; ++sp) sum += src[sp * split_stride + xi * g.G * cgp * kgp];
-      s[xi / 6][xi % 6] = sum;
+      for (int i = 0; i < 6; ++i)
+#pragma unroll
+        for (int j = 0; j < 6; ++j) s[i][j] += part[i][j];
     }
     winograd::sandwich<winograd::Transposed<W4::G>>(s, f);
 #pragma unroll
@@ -249,9 +262,10 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs g) {
   }
   __syncthreads();
   for (int64_t s = 0; s < steps; ++s) {
+    // The next step's operands are loaded during this step's products (on the last step, the
+    // last k-slice again, into the idle buffer: branch-free, so the loads are issued early).
     const int buf = int(s & 1);
-    const bool next = s + 1 < steps;
-    if (next) load((s + 1) * kBK);
+    load((s + 1 < steps ? s + 1 : s) * kBK);
 #pragma unroll
     for (int k = 0; k < kBK; ++k) {
       float av[8], bv[4];
@@ -264,7 +278,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs g) {
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) acc[i][jj] = fmaf(av[i], bv[jj], acc[i][jj]);
     }
-    if (next) store(buf ^ 1);
+    store(buf ^ 1);
     __syncthreads();
   }
 #pragma unroll
@@ -374,7 +388,6 @@ Status run(const Args& a, const Buffers& b, void* workspace, cudaStream_t stream
 
 }  // namespace
 
-extern const CudaAlgorithm kCudaWinogradNonfused;
 const CudaAlgorithm kCudaWinogradNonfused = {"winograd_nonfused", /*deterministic=*/true,
                                              /*tensor_cores=*/false, supports, workspace_bytes,
                                              run};

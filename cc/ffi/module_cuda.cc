@@ -29,6 +29,24 @@ NB_MODULE(_cuda, m) {
       },
       nb::arg("direction"), nb::arg("problem"), nb::arg("in_dtype"), nb::arg("out_dtype"),
       nb::arg("num_threads"));
+  m.def(
+      "time_conv_algorithm",
+      [](int direction, std::vector<int64_t> problem, std::string in_dtype, std::string out_dtype,
+         std::string name, int repeats) {
+        conv::Args args = ffi_util::decode_conv_args(direction, problem, in_dtype, out_dtype);
+        const conv::CudaAlgorithm* alg = conv::find_cuda_algorithm(name.c_str());
+        if (alg == nullptr) throw std::invalid_argument("unknown CUDA conv algorithm " + name);
+        Support sup = alg->supports(args);
+        if (!sup.ok) throw std::invalid_argument(name + ": " + sup.reason);
+        std::vector<float> ms;
+        Status st = conv::time_cuda_algorithm(*alg, args, repeats, &ms);
+        if (!st.ok()) throw std::runtime_error(st.message);
+        return ms;
+      },
+      nb::arg("direction"), nb::arg("problem"), nb::arg("in_dtype"), nb::arg("out_dtype"),
+      nb::arg("name"), nb::arg("repeats"),
+      "Device milliseconds of `repeats` runs of one algorithm (CUDA events, own stream and "
+      "buffers); RuntimeError when it cannot run (e.g. not enough free GPU memory).");
   m.def("cuda_runtime_version", [] {
     int v = 0;
     cudaRuntimeGetVersion(&v);

@@ -687,6 +687,7 @@ class FindResult:
     reason: str    # why it was rejected or not run
     workspace_bytes: int
     deterministic: bool
+    timer: str = ""  # "cuda events" or "wall clock"; empty when it did not run
 
 
 # Relative L2 error an algorithm may show against the direct oracle, by output dtype.
@@ -734,16 +735,34 @@ def _find(spec, direction, dtype, out_dtype, platform, *, repeats=5, seed=0):
             results.append(FindResult(time_s=float("inf"), ok=False, error=err,
                                       reason=f"wrong result: relative error {err:.2e}", **base))
             continue
-        many = jax.jit(lambda ins, fn=fn: [fn(*i) for i in ins])
-        jax.block_until_ready(many(inputs))
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(many(inputs))
-            times.append((time.perf_counter() - t0) / rotate)
-        results.append(FindResult(time_s=float(np.median(times)), ok=True, error=err, reason="",
+        seconds, timer = _time_algorithm(info.name, fn, direction, spec, dtype, out_dtype,
+                                         platform, inputs, repeats)
+        results.append(FindResult(time_s=seconds, ok=True, error=err, reason="", timer=timer,
                                   **base))
     return sorted(results, key=lambda r: (not r.ok, r.time_s, r.name))
+
+
+def _time_algorithm(name, fn, direction, spec, dtype, out_dtype, platform, inputs, repeats):
+    """(median seconds per call, how it was timed). On the GPU: device time between CUDA
+    events, on a stream and buffers of the algorithm's own (jaxdnn._cuda.time_conv_algorithm),
+    as cuDNN's find does. Elsewhere, or when there is no free memory for those buffers: wall
+    clock of back-to-back jitted calls over rotating inputs."""
+    if platform == "cuda":
+        try:
+            ms = _ffi.module_for("cuda").time_conv_algorithm(
+                DIRECTIONS.index(direction), spec.encode(), str(np.dtype(dtype)),
+                str(np.dtype(out_dtype)), name, repeats)
+            return float(np.median(ms)) / 1e3, "cuda events"
+        except RuntimeError:
+            pass
+    many = jax.jit(lambda ins: [fn(*i) for i in ins])
+    jax.block_until_ready(many(inputs))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(many(inputs))
+        times.append((time.perf_counter() - t0) / len(inputs))
+    return float(np.median(times)), "wall clock"
 
 
 def find_conv_algorithms(problem: ConvProblem, platform: str | None = None, *,
