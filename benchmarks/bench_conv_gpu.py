@@ -45,16 +45,17 @@ LAYERS = [
 DIRECTIONS = ("fwd", "bwd_data", "bwd_filter")
 
 
-def conv_fns(stride, pad, groups, algo):
+def conv_fns(stride, pad, groups, algo, precision=None):
     padding = ((pad, pad), (pad, pad))
 
     def ours(x, w):
-        return jaxdnn.conv(x, w, stride=stride, padding=padding, groups=groups, algo=algo)
+        return jaxdnn.conv(x, w, stride=stride, padding=padding, groups=groups, algo=algo,
+                           precision=precision)
 
     def xla(x, w):
         return lax.conv_general_dilated(x, w, (stride, stride), padding,
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                        feature_group_count=groups)
+                                        feature_group_count=groups, precision=precision)
     return ours, xla
 
 
@@ -72,8 +73,11 @@ def layer_shapes(layer, batch):
     return (batch, hw, hw, cin), (k, k, cin // groups, cout), (batch, out, out, cout)
 
 
-def bench_layer(layer, batch, dtype, directions, repeats, all_algos):
+def bench_layer(layer, batch, dtype_name, directions, repeats, all_algos):
+    """`dtype_name` is a dtype, or "float32:highest" for exact float32 on both sides."""
     name, _, cin, cout, k, stride, pad, groups = layer
+    dtype, _, precision = dtype_name.partition(":")
+    dtype, precision = jnp.dtype(dtype), precision or None
     xs, ws, ys = layer_shapes(layer, batch)
     flops = 2.0 * np.prod(ys) * k * k * cin / groups
     nbytes = np.dtype(dtype).itemsize * sum(int(np.prod(s)) for s in (xs, ws, ys))
@@ -83,20 +87,20 @@ def bench_layer(layer, batch, dtype, directions, repeats, all_algos):
 
     inputs = rotating_inputs(make, rotation_for(int(nbytes)))
     problems = {p.direction: p for p in jaxdnn.conv_problems(
-        lambda x, w, dy: jax.vjp(conv_fns(stride, pad, groups, None)[0], x, w)[1](dy),
+        lambda x, w, dy: jax.vjp(conv_fns(stride, pad, groups, None, precision)[0], x, w)[1](dy),
         *inputs[0])}
     rows = []
     for d in directions:
         infos = [a for a in jaxdnn.conv_algorithms(problems[d], "cuda") if a.supported]
         heuristic = infos[0].name
-        _, xla = conv_fns(stride, pad, groups, None)
+        _, xla = conv_fns(stride, pad, groups, None, precision)
         t_xla = time_op(direction_fn(xla, d), inputs, repeats=repeats)
         times = {}
         candidates = [a.name for a in infos] if all_algos else [heuristic]
         for algo in candidates:
             if algo == "direct" and len(candidates) > 1 and heuristic != "direct":
                 continue  # the oracle: no reuse, minutes per layer at N=64
-            ours, _ = conv_fns(stride, pad, groups, {d: algo})
+            ours, _ = conv_fns(stride, pad, groups, {d: algo}, precision)
             try:
                 times[algo] = time_op(direction_fn(ours, d), inputs, repeats=repeats)
             except Exception as e:  # noqa: BLE001 - report and keep benchmarking
@@ -105,7 +109,7 @@ def bench_layer(layer, batch, dtype, directions, repeats, all_algos):
             continue
         best = min(times, key=times.get)
         row = {
-            "layer": name, "dtype": np.dtype(dtype).name, "dir": d,
+            "layer": name, "dtype": dtype_name, "dir": d,
             "XLA TFLOP/s": flops / t_xla / 1e12,
             "jaxdnn TFLOP/s": flops / times[heuristic] / 1e12,
             "ratio": t_xla / times[heuristic],
@@ -153,7 +157,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--dtypes", default="bfloat16,float32",
+                        help="comma-separated; float32:highest = exact float32 on both sides")
     parser.add_argument("--layers", default="", help="1-based layer indices")
     parser.add_argument("--dirs", default=",".join(DIRECTIONS))
     parser.add_argument("--repeats", type=int, default=10)
@@ -166,8 +171,7 @@ def main():
     rows = []
     for dtype in args.dtypes.split(","):
         for layer in layers:
-            rows += bench_layer(layer, args.batch, jnp.dtype(dtype), directions, args.repeats,
-                                args.algos)
+            rows += bench_layer(layer, args.batch, dtype, directions, args.repeats, args.algos)
     summary = []
     for dtype in args.dtypes.split(","):
         for d in directions:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
+import jax
 import numpy as np
 
 from . import _ffi
@@ -130,49 +132,60 @@ def _policy_exclusions(info: AlgoInfo, deterministic: bool, workspace_limit: int
 
 def select_conv_algorithm(spec, direction: str, in_dtype, out_dtype, platform: str,
                           forced: str | None, policy=(False, False, -1), finder=None) -> Choice:
-    """The algorithm that runs.
+    """The conv algorithm that runs (see select_algorithm)."""
+    infos = conv_algorithms(spec, direction, in_dtype, out_dtype, platform)
+    return select_algorithm(
+        "conv", direction, infos, platform, forced, policy,
+        problem_key(spec, direction, in_dtype, out_dtype),
+        None if finder is None else (lambda: finder(spec, direction, in_dtype, out_dtype,
+                                                    platform)))
+
+
+def select_algorithm(op: str, direction: str, infos: list[AlgoInfo], platform: str,
+                     forced: str | None, policy=(False, False, -1), key: str | None = None,
+                     find=None) -> Choice:
+    """The algorithm that runs, for any op with a registry (`infos`: the registry's answers
+    for the problem, supported ones first in heuristic order).
 
     `policy` is (benchmark, deterministic, workspace_limit or -1) from jaxdnn.config at trace
     time. A forced algorithm must support the problem and satisfy the policy. Otherwise the
     policy filters the supported algorithms, and the choice is the fastest measured one in
-    benchmark mode (``finder`` times them; results are cached on disk) or the heuristic's best.
+    benchmark mode (``find()`` times them; results are cached on disk under `key`) or the
+    heuristic's best.
     """
     benchmark, deterministic, workspace_limit = policy
-    infos = conv_algorithms(spec, direction, in_dtype, out_dtype, platform)
     usable = [a for a in infos if a.supported]
     if forced is not None:
         match = [a for a in infos if a.name == forced]
         if not match:
             raise ValueError(
-                f"jaxdnn: unknown conv algorithm {forced!r} for {direction} on {platform}; "
+                f"jaxdnn: unknown {op} algorithm {forced!r} for {direction} on {platform}; "
                 f"registered: {', '.join(a.name for a in infos)}")
         if not match[0].supported:
             raise ValueError(
-                f"jaxdnn: conv algorithm {forced!r} cannot run this {direction} problem on "
+                f"jaxdnn: {op} algorithm {forced!r} cannot run this {direction} problem on "
                 f"{platform}: {match[0].reason}. Algorithms that can: "
                 f"{', '.join(a.name for a in usable)}")
         why = _policy_exclusions(match[0], deterministic, workspace_limit)
         if why:
-            raise ValueError(f"jaxdnn: conv algorithm {forced!r} is excluded by jaxdnn.config: "
-                             f"{why}")
+            raise ValueError(f"jaxdnn: {op} algorithm {forced!r} is excluded by "
+                             f"jaxdnn.config: {why}")
         return Choice(forced, "forced", match[0].workspace_bytes)
 
     excluded, candidates = [], []
     for a in usable:
         why = _policy_exclusions(a, deterministic, workspace_limit)
         (excluded.append((a.name, why)) if why else candidates.append(a))
-    if not candidates:  # every registry has a deterministic, workspace-free oracle
-        raise RuntimeError(f"no {platform} conv algorithm satisfies the policy for this "
+    if not candidates:  # every registry has a deterministic, workspace-free fallback
+        raise RuntimeError(f"no {platform} {op} algorithm satisfies the policy for this "
                            f"{direction} problem (excluded: {excluded})")
-    if benchmark and finder is not None and len(candidates) > 1:
+    if benchmark and find is not None and key is not None and len(candidates) > 1:
         from . import _config, _version, tuning
 
         cache = tuning.cache_for(_config.settings().cache_dir, platform, _version.__version__)
-        key = problem_key(spec, direction, in_dtype, out_dtype)
         results, reason = cache.get(key), "benchmark (cached)"
         if results is None:
-            results, reason = finder(spec, direction, in_dtype, out_dtype, platform), \
-                "benchmark (measured)"
+            results, reason = find(), "benchmark (measured)"
             cache.put(key, results)
         allowed = {a.name: a for a in candidates}
         timed = sorted((r for r in results if r["ok"] and r["name"] in allowed),
@@ -180,5 +193,30 @@ def select_conv_algorithm(spec, direction: str, in_dtype, out_dtype, platform: s
         if timed:
             best = allowed[timed[0]["name"]]
             return Choice(best.name, reason, best.workspace_bytes, tuple(excluded))
-    best = candidates[0]  # conv_algorithms() lists supported algorithms in heuristic order
+    best = candidates[0]  # infos list supported algorithms in heuristic order
     return Choice(best.name, "heuristic", best.workspace_bytes, tuple(excluded))
+
+
+def time_jitted(fn, inputs, repeats: int) -> float:
+    """Median wall-clock seconds per call of `fn` over the rotating `inputs` (back-to-back
+    jitted calls, synchronised once per batch; the timer find uses off the GPU)."""
+    many = jax.jit(lambda ins: [fn(*i) for i in ins])
+    jax.block_until_ready(many(inputs))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(many(inputs))
+        times.append((time.perf_counter() - t0) / len(inputs))
+    return float(np.median(times))
+
+
+def registry_infos(raw: list[dict], direction: str, platform: str) -> list[AlgoInfo]:
+    """AlgoInfo from a C++ registry's dicts that are already in preference order."""
+    supported = [r for r in raw if r["supported"]]
+    rank = {r["name"]: i for i, r in enumerate(supported)}
+    infos = [AlgoInfo(name=r["name"], direction=direction, platform=platform,
+                      supported=r["supported"], reason=r["reason"],
+                      workspace_bytes=int(r["workspace_bytes"]),
+                      deterministic=r["deterministic"], tensor_cores=r["tensor_cores"],
+                      rank=rank.get(r["name"])) for r in raw]
+    return sorted(infos, key=lambda a: (a.rank is None, a.rank or 0))

@@ -13,7 +13,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jaxdnn
-from util import DTYPES, PLATFORMS, assert_close, on, rand
+from util import DTYPES, PLATFORMS, assert_close, has_gpu, on, rand
 
 FUNCS = {"softmax": (jaxdnn.softmax, jax.nn.softmax),
          "log_softmax": (jaxdnn.log_softmax, jax.nn.log_softmax)}
@@ -192,3 +192,70 @@ def test_cuda_lowering():
         text = jax.jit(lambda v: (f(v), grad(v))).trace(x).lower(
             lowering_platforms=("cuda",)).as_text()
         assert "jaxdnn_softmax_fwd" in text and "jaxdnn_softmax_bwd" in text, name
+
+
+# ---- the algorithm registry and selection (jaxdnn/algo.py, as for conv) -----------------------
+
+def _problem(rows, cols, dtype=jnp.float32, direction="fwd", op="softmax", algo=None):
+    return jaxdnn.ops.softmax.SoftmaxProblem(direction, op, rows, cols, np.dtype(dtype), algo)
+
+
+def test_cpu_registry_and_forced_errors():
+    infos = jaxdnn.softmax_algorithms(_problem(8, 16), "cpu")
+    assert [a.name for a in infos] == ["rows"] and infos[0].supported and infos[0].rank == 0
+    x = jnp.ones((4, 8))
+    with pytest.raises(ValueError, match="unknown softmax algorithm 'fast' for fwd on cpu; registered: rows"):
+        jax.jit(lambda x: jaxdnn.softmax(x, algo="fast")).lower(x)
+    with pytest.raises(TypeError, match="`algo` must be None or an algorithm name"):
+        jaxdnn.softmax(x, algo=3)
+
+
+def test_explain_lists_softmax_calls():
+    f = jax.grad(lambda x: jnp.sum(jaxdnn.log_softmax(x) * jnp.arange(8.0)))
+    rows = jaxdnn.explain(f, jnp.ones((4, 8), jnp.float32), platform="cpu")
+    assert [(r.direction, r.problem.op) for r in rows] == [("fwd", "log_softmax"),
+                                                           ("bwd", "log_softmax_vjp")]
+    assert all(r.algo == "rows" and r.reason == "heuristic" for r in rows)
+    assert "softmax fwd  log_softmax 4x8 float32" in str(rows)
+
+
+@pytest.mark.skipif(not jaxdnn.build_info()["cuda"], reason="jaxdnn built without CUDA")
+def test_cuda_registry_support_rules():
+    """Needs the CUDA module, not a GPU: "rows" keeps a row in registers (16K float32 or
+    bfloat16, 8K float64 elements; 256 when the row is not a multiple of 16 bytes)."""
+    def names(rows, cols, dtype):
+        return {a.name: a for a in jaxdnn.softmax_algorithms(_problem(rows, cols, dtype), "cuda")}
+
+    short = names(32768, 4096, jnp.float32)
+    assert short["rows"].supported and short["rows"].rank == 0 and short["online"].supported
+    assert not names(8, 16388, jnp.float32)["rows"].supported
+    assert names(8, 16384, jnp.bfloat16)["rows"].supported
+    assert not names(8, 8194, jnp.float64)["rows"].supported
+    odd = names(8, 257, jnp.float32)["rows"]
+    assert not odd.supported and "does not fit in registers" in odd.reason
+    assert names(8, 100000, jnp.float32)["online"].rank == 0
+
+
+@pytest.mark.skipif(not has_gpu(), reason="no GPU")
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
+def test_every_gpu_algorithm_matches_jax_nn(dtype):
+    rng = np.random.default_rng(4)
+    x = jax.device_put(rand(rng, (64, 1000), dtype), jax.devices("gpu")[0])
+    ref = jax.nn.log_softmax(x.astype(jnp.float32))
+    for algo in ("rows", "online"):
+        y, vjp = jax.vjp(jax.jit(lambda x, a=algo: jaxdnn.log_softmax(x, algo=a)), x)
+        assert_close(y, ref, dtype, what=algo)
+        ct = jnp.ones_like(y)
+        dx_ref = ct.astype(jnp.float32) - jnp.exp(ref) * 1000
+        assert_close(vjp(ct)[0], dx_ref, dtype, what=f"{algo} vjp")
+    with pytest.raises(ValueError, match="cannot run this fwd problem"):
+        jax.jit(lambda x: jaxdnn.softmax(x, algo="rows")).lower(jnp.ones((2, 20000)))
+
+
+@pytest.mark.skipif(not has_gpu(), reason="no GPU")
+def test_gpu_benchmark_mode_times_softmax(tmp_path):
+    x = jax.device_put(jnp.ones((256, 2048)), jax.devices("gpu")[0])
+    with jaxdnn.config(benchmark=True, cache_dir=str(tmp_path)):
+        rows = jaxdnn.explain(jaxdnn.softmax, x)
+        assert rows[0].reason == "benchmark (measured)"
+        assert jaxdnn.explain(jaxdnn.softmax, x)[0].reason == "benchmark (cached)"

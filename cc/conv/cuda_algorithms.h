@@ -31,6 +31,8 @@ extern const CudaAlgorithm kCudaImplicitPrecompGemm;  // cuda_implicit_precomp_g
 extern const CudaAlgorithm kCudaIm2colGemm;           // cuda_im2col_gemm.cu
 extern const CudaAlgorithm kCudaWinograd;          // cuda_winograd.cu: fused F(2x2,3x3)
 extern const CudaAlgorithm kCudaWinogradNonfused;  // cuda_winograd_nonfused.cu: F(4x4,3x3)
+extern const CudaAlgorithm kCudaFft;        // cuda_fft.cu: one FFT plane per image
+extern const CudaAlgorithm kCudaFftTiling;  // cuda_fft_tiling.cu: overlap-save tiles
 
 const std::vector<const CudaAlgorithm*>& cuda_algorithms();
 

@@ -44,21 +44,26 @@
 // are needed, never a reordering pass. Twiddles exp(-2 pi i m / L) are computed per block in
 // double (sincospi) and rounded once, so the FFT error is the usual O(eps log L).
 //
-// Shared memory per transform block: kPairs planes of Lh x RS complex (RS = Lw | 1, odd, so
-// rows and columns are both bank-conflict free; the plane stride is padded so the kPairs
-// planes fall on disjoint banks), plus twiddle and pos tables. One plane must fit in a block
-// (227 KB on H200: up to 128 x 128, 162 x 162, 256 x 96).
+// Shared memory per transform block (256 threads): kPairs planes (Lh, RS) complex, RS = Lw | 1
+// (odd, so butterflies along rows and along columns are both bank-conflict free; the plane
+// stride is padded so the kPairs planes fall on disjoint banks), plus twiddle and pos tables.
+// kPairs = 4, 2 or 1: as many as fit 72 KB (64 x 64: 2 pairs, 68 KB, 3 blocks per SM). One
+// plane must fit in a block (227 KB on H200: up to 128 x 128, 162 x 162, 256 x 96).
 //
-// Cost per output element of a layer (C -> K channels, R x S taps, tile T x T, FFT L x L):
-//   GEMM 8 * C * K * L(L/2+1) / (T*T) / K flops per y element vs 2 * C * R * S direct; for
-//   56x56, 64 -> 64, 7x7, L = 64: 4.4 GFLOP vs 80.5 GFLOP at N = 64. Memory: the spectra are
-//   written once and read once (X, W, Y: 3 x 69 MB there), the tensors read/written once.
+// Work (C -> K channels, R x S taps, A planes of T x T outputs, F = Lh (Lw/2 + 1)): the GEMMs
+// do F * A * C * K complex multiply-adds = 8 F A C K flops, against 2 A T^2 C K R S for a
+// direct or GEMM convolution, so fewer flops once R * S > 4 F / T^2 (~3 for a whole 56x56
+// image). The transforms add a fixed cost: each tensor and spectrum crosses memory once
+// (~20 instructions per element besides), which predicts a win over float32 GEMMs from 5x5
+// filters on. Example, N = 64, 56x56, 64 -> 64, 7x7, one 64 x 64 plane per image: 4.4 GFLOP of
+// GEMM against 80.5; X, W and Y spectra of 69 MB each, x and y 51 MB each.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -76,15 +81,14 @@ constexpr int64_t kPairSmemBudget = 72 << 10;          // transform smem when kP
 // ---- integer division by a constant divisor (n < 2^31): multiply-high and shift ------------
 
 struct FastDiv {
-  uint32_t d = 1, mul = 1, shift = 0;
+  uint32_t mul = 1, shift = 0;  // divisor 1
   FastDiv() = default;
-  __host__ __device__ explicit FastDiv(uint32_t divisor) : d(divisor) {
-    shift = 0;
+  __host__ __device__ explicit FastDiv(uint32_t d) {
     while ((1u << shift) < d) ++shift;
     mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
   }
-  __device__ __forceinline__ int div(int n) const {
-    return int((uint64_t(__umulhi(uint32_t(n), mul)) + uint32_t(n)) >> shift);
+  __device__ __forceinline__ int div(int n) const {  // umulhi(n, mul) < n: the sum fits
+    return int((__umulhi(uint32_t(n), mul) + uint32_t(n)) >> shift);
   }
 };
 
@@ -142,8 +146,8 @@ __host__ __device__ __forceinline__ int plane_stride(int Lh, int RS) {
 template <int kPairs>
 int64_t transform_smem(const Fft2d& f) {
   const int Lh = f.ax[0].L, Lw = f.ax[1].L;
-  return int64_t(sizeof(float2)) * (Lh + Lw + int64_t(kPairs) * plane_stride<kPairs>(Lh, f.row_stride)) +
-         int64_t(sizeof(int)) * (Lh + Lw);
+  const int64_t planes = int64_t(kPairs) * plane_stride<kPairs>(Lh, f.row_stride);
+  return int64_t(sizeof(float2)) * (Lh + Lw + planes) + int64_t(sizeof(int)) * (Lh + Lw);
 }
 
 // The smallest 2^a 3^b >= n (n >= 1).
@@ -163,8 +167,8 @@ struct Window {
   int size, step, off, slots;
 };
 
-// Tensor rows written from the FFT slots of tile t along one axis: row d in
-// [t * step, t * step + step) ∩ [0, size) takes slot d - t * step + off if valid_lo <= d <
+// Tensor rows written from the FFT slots of tile t along one axis: row d of the tile's rows
+// [t * step, min(t * step + step, size)) takes slot d - t * step + off if valid_lo <= d <
 // valid_hi, else zero.
 struct Crop {
   int size, step, off, valid_lo, valid_hi;
@@ -199,8 +203,12 @@ struct InverseArgs {
 
 // ---- device: butterflies and FFT passes -------------------------------------------------------
 
-__device__ __forceinline__ float2 cadd(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
-__device__ __forceinline__ float2 csub(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
+__device__ __forceinline__ float2 cadd(float2 a, float2 b) {
+  return make_float2(a.x + b.x, a.y + b.y);
+}
+__device__ __forceinline__ float2 csub(float2 a, float2 b) {
+  return make_float2(a.x - b.x, a.y - b.y);
+}
 __device__ __forceinline__ float2 cmul(float2 a, float2 b) {
   return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
 }
@@ -336,7 +344,6 @@ __device__ __forceinline__ Smem carve(const Fft2d& f, void* raw) {
 template <typename In, int kPairs>
 __global__ void __launch_bounds__(kThreads)
 forward_kernel(const __grid_constant__ ForwardArgs<In> p) {
-  constexpr int kCh = 2 * kPairs;
   extern __shared__ float4 smem_raw[];
   const Fft2d& f = p.fft;
   const int Lh = f.ax[0].L, Lw = f.ax[1].L, RS = f.row_stride, HW = Lw / 2 + 1, B = p.planes.B;
@@ -345,20 +352,23 @@ forward_kernel(const __grid_constant__ ForwardArgs<In> p) {
   const BlockPlane bp = block_plane<kPairs>(p.planes);
   init_tables(f, sm.tw, sm.pos);
 
-  // Load: slot (i, j) of pair plane ch / 2, component ch % 2 (zero outside the window).
+  // Load: slot (i, j) of pair plane pr = channels (b, b + 1) as (re, im), zero outside the
+  // window. Consecutive threads take consecutive pairs of one pixel.
   const Window &wh = p.win[0], &ww = p.win[1];
   const int h0 = bp.t[0] * wh.step + wh.off, w0 = bp.t[1] * ww.step + ww.off;
   const In* src = p.src + int64_t(bp.n) * wh.size * ww.size * B;
-  float* pf = reinterpret_cast<float*>(sm.planes);
-  for (int e = threadIdx.x; e < Lh * Lw * kCh; e += kThreads) {
-    const int ch = e % kCh, pix = e / kCh;
+  for (int e = threadIdx.x; e < Lh * Lw * kPairs; e += kThreads) {
+    const int pr = e % kPairs, pix = e / kPairs;
     const int i = f.ax[1].len.div(pix), j = pix - i * Lw;
-    const int sh = h0 + i, sw = w0 + j, b = bp.b0 + ch;
-    float v = 0.f;
+    const int sh = h0 + i, sw = w0 + j, b = bp.b0 + 2 * pr;
+    float2 v = make_float2(0.f, 0.f);
     if (i < wh.slots && j < ww.slots && sh >= 0 && sh < wh.size && sw >= 0 && sw < ww.size &&
-        b < B)
-      v = cuda::to_acc(src[(int64_t(sh) * ww.size + sw) * B + b]);
-    pf[2 * ((ch / 2) * PS + i * RS + j) + ch % 2] = v;
+        b < B) {
+      const In* s = src + (int64_t(sh) * ww.size + sw) * B + b;
+      v.x = cuda::to_acc(s[0]);
+      if (b + 1 < B) v.y = cuda::to_acc(s[1]);
+    }
+    sm.planes[pr * PS + i * RS + j] = v;
   }
   __syncthreads();
 
@@ -371,17 +381,17 @@ forward_kernel(const __grid_constant__ ForwardArgs<In> p) {
   fft_pass<false>(sm.planes, f.ax[0], sm.tw, kPairs * Lw, RS,
                   [&](int line) { return (line % kPairs) * PS + line / kPairs; });
 
-  // Store: split pair planes into the half spectra of their two channels.
-  for (int e = threadIdx.x; e < Lh * HW * kCh; e += kThreads) {
-    const int ch = e % kCh, fr = e / kCh, b = bp.b0 + ch;
+  // Store: split each pair plane into the half spectra of its two channels.
+  for (int e = threadIdx.x; e < Lh * HW * kPairs; e += kThreads) {
+    const int pr = e % kPairs, fr = e / kPairs, b = bp.b0 + 2 * pr;
     if (b >= B) continue;
     const int u = f.half_w.div(fr), v = fr - u * HW;
-    const float2* pl = sm.planes + (ch / 2) * PS;
+    const float2* pl = sm.planes + pr * PS;
     const float2 z1 = pl[sm.pos[u] * RS + sm.pos[Lh + v]];
     const float2 z2 = pl[sm.pos[u ? Lh - u : 0] * RS + sm.pos[Lh + (v ? Lw - v : 0)]];
-    p.spec[(int64_t(fr) * p.planes.count + bp.al) * B + b] =
-        ch % 2 == 0 ? make_float2(0.5f * (z1.x + z2.x), 0.5f * (z1.y - z2.y))
-                    : make_float2(0.5f * (z1.y + z2.y), 0.5f * (z2.x - z1.x));
+    float2* d = p.spec + (int64_t(fr) * p.planes.count + bp.al) * B + b;
+    d[0] = make_float2(0.5f * (z1.x + z2.x), 0.5f * (z1.y - z2.y));
+    if (b + 1 < B) d[1] = make_float2(0.5f * (z1.y + z2.y), 0.5f * (z2.x - z1.x));
   }
 }
 
@@ -390,7 +400,6 @@ forward_kernel(const __grid_constant__ ForwardArgs<In> p) {
 template <typename Out, int kPairs>
 __global__ void __launch_bounds__(kThreads)
 inverse_kernel(const __grid_constant__ InverseArgs<Out> p) {
-  constexpr int kCh = 2 * kPairs;
   extern __shared__ float4 smem_raw[];
   const Fft2d& f = p.fft;
   const int Lh = f.ax[0].L, Lw = f.ax[1].L, RS = f.row_stride, HW = Lw / 2 + 1, B = p.planes.B;
@@ -409,7 +418,8 @@ inverse_kernel(const __grid_constant__ InverseArgs<Out> p) {
     const float2 y1 = b + 1 < B ? s[1] : make_float2(0.f, 0.f);
     float2* pl = sm.planes + pr * PS;
     pl[u * RS + v] = make_float2(y0.x - y1.y, y0.y + y1.x);
-    if (v > 0 && Lw - v >= HW) pl[(u ? Lh - u : 0) * RS + Lw - v] = make_float2(y0.x + y1.y, y1.x - y0.y);
+    if (v > 0 && Lw - v >= HW)
+      pl[(u ? Lh - u : 0) * RS + Lw - v] = make_float2(y0.x + y1.y, y1.x - y0.y);
   }
   __syncthreads();
 
@@ -418,28 +428,31 @@ inverse_kernel(const __grid_constant__ InverseArgs<Out> p) {
                  [&](int line) { return (line % kPairs) * PS + line / kPairs; });
   const Crop &crh = p.crop[0], &crw = p.crop[1];
   const int row0 = bp.t[0] * crh.step, col0 = bp.t[1] * crw.step;
-  const int d_lo = max(row0, crh.valid_lo), d_hi = min(min(row0 + crh.step, crh.size), crh.valid_hi);
+  const int d_lo = max(row0, crh.valid_lo);
+  const int d_hi = min(min(row0 + crh.step, crh.size), crh.valid_hi);
   const int s_lo = d_lo - row0 + crh.off;
   if (d_hi > d_lo)
     fft_pass<true>(sm.planes, f.ax[1], sm.tw + Lh, kPairs * (d_hi - d_lo), 1, [&](int line) {
       return (line % kPairs) * PS + sm.pos[s_lo + line / kPairs] * RS;
     });
 
-  // Store the tile's rows and columns (zero where invalid), channels innermost.
+  // Store the tile's rows and columns (zero where invalid): re -> channel b, im -> b + 1.
   const int rows = min(crh.step, crh.size - row0), cols = min(crw.step, crw.size - col0);
   const FastDiv cols_div{uint32_t(cols)};
   Out* dst = p.dst + int64_t(bp.n) * crh.size * crw.size * B;
-  for (int e = threadIdx.x; e < rows * cols * kCh; e += kThreads) {
-    const int ch = e % kCh, pix = e / kCh, b = bp.b0 + ch;
+  for (int e = threadIdx.x; e < rows * cols * kPairs; e += kThreads) {
+    const int pr = e % kPairs, pix = e / kPairs, b = bp.b0 + 2 * pr;
     if (b >= B) continue;
     const int dr = cols_div.div(pix), dc = pix - dr * cols;
     const int dh = row0 + dr, dw = col0 + dc;
-    float v = 0.f;
+    float2 z = make_float2(0.f, 0.f);
     if (dh >= crh.valid_lo && dh < crh.valid_hi && dw >= crw.valid_lo && dw < crw.valid_hi) {
-      const float2 z = sm.planes[(ch / 2) * PS + sm.pos[dr + crh.off] * RS + sm.pos[Lh + dc + crw.off]];
-      v = (ch % 2 == 0 ? z.x : z.y) * p.scale;
+      z = sm.planes[pr * PS + sm.pos[dr + crh.off] * RS + sm.pos[Lh + dc + crw.off]];
+      z = make_float2(z.x * p.scale, z.y * p.scale);
     }
-    dst[(int64_t(dh) * crw.size + dw) * B + b] = cuda::from_acc<Out>(v);
+    Out* d = dst + (int64_t(dh) * crw.size + dw) * B + b;
+    d[0] = cuda::from_acc<Out>(z.x);
+    if (b + 1 < B) d[1] = cuda::from_acc<Out>(z.y);
   }
 }
 
@@ -448,17 +461,42 @@ inverse_kernel(const __grid_constant__ InverseArgs<Out> p) {
 // C[f] (M, N) = op(A[f]) (M, Kd) x op(B[f]) (Kd, N) for every frequency f, complex64, packed
 // batches. A is (M, Kd) row-major, or (Kd, M) when kATrans; B is (Kd, N), or (N, Kd) when
 // kBTrans; kConjB conjugates B. accumulate adds to C (batched bwd_filter).
-// Block tile (BM, BN) = (64, 64), BK = 16; 128 threads as (16, 8), each a 4 x 8 complex tile:
-// rows 2ty + {0, 1} + 32 i, columns 2tx + {0, 1} + 16 j, so each 16-byte shared load of a warp
-// is contiguous. 128 FMAs per 6 LDS.128.
+// Block tile (BM, BN) = (64, 64), BK = 16, two shared stages filled by 8-byte cp.async (zero
+// fill off the matrix), transposing to (BK, BM) / (BK, BN) on the way. 128 threads as
+// (16, 8), each a 4 x 8 complex tile: rows 2ty + {0, 1} + 32 i, columns 2tx + {0, 1} + 16 j,
+// so every 16-byte shared load of a warp is contiguous: 128 FMAs per 6 LDS.128.
 constexpr int kGemmBM = 64, kGemmBN = 64, kGemmBK = 16, kGemmThreads = 128;
 
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(
+                   uint32_t(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 8 : 0));
+}
+
+// Issues the copies of a (BK, kW) tile of an operand into tile[kk][w]: rows w0.. of a (W, Kd)
+// row-major matrix (kKInner) or columns w0.. of a (Kd, W) one. Consecutive threads take
+// consecutive global elements.
+template <bool kKInner, int kW>
+__device__ __forceinline__ void load_tile(float2 (*tile)[kW + 2], const float2* X, int w0, int W,
+                                          int k0, int Kd) {
+  constexpr int kInner = kKInner ? kGemmBK : kW, kStep = kGemmThreads / kInner;
+  const int in = threadIdx.x % kInner, out0 = threadIdx.x / kInner;
+#pragma unroll
+  for (int i = 0; i < kGemmBK * kW / kGemmThreads; ++i) {
+    const int out = out0 + i * kStep;
+    const int k = k0 + (kKInner ? in : out), w = w0 + (kKInner ? out : in);
+    const bool valid = w < W && k < Kd;
+    const float2* src = X + (kKInner ? int64_t(w) * Kd + k : int64_t(k) * W + w);
+    cp_async8(&tile[kKInner ? in : out][kKInner ? out : in], valid ? src : X, valid);
+  }
+}
+
 template <bool kATrans, bool kBTrans, bool kConjB>
-__global__ void __launch_bounds__(kGemmThreads)
+__global__ void __launch_bounds__(kGemmThreads, 4)
 cgemm_kernel(const float2* __restrict__ A, const float2* __restrict__ B, float2* __restrict__ C,
              int M, int N, int Kd, int tiles_m, int tiles_n, bool accumulate) {
-  __shared__ __align__(16) float2 As[kGemmBK][kGemmBM + 2];  // (BK, BM), padded
-  __shared__ __align__(16) float2 Bs[kGemmBK][kGemmBN + 2];  // (BK, BN), padded
+  __shared__ __align__(16) float2 As[2][kGemmBK][kGemmBM + 2];  // (stage, BK, BM), padded
+  __shared__ __align__(16) float2 Bs[2][kGemmBK][kGemmBN + 2];  // (stage, BK, BN), padded
   const int tn = blockIdx.x % tiles_n, tm = blockIdx.x / tiles_n % tiles_m;
   const int64_t f = blockIdx.x / (int64_t(tiles_n) * tiles_m);
   A += f * M * Kd;
@@ -472,40 +510,37 @@ cgemm_kernel(const float2* __restrict__ A, const float2* __restrict__ B, float2*
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[i][j] = make_float2(0.f, 0.f);
 
-  for (int k0 = 0; k0 < Kd; k0 += kGemmBK) {
-#pragma unroll
-    for (int i = 0; i < kGemmBM * kGemmBK / kGemmThreads; ++i) {
-      const int e = threadIdx.x + i * kGemmThreads;
-      const int kk = kATrans ? e / kGemmBM : e % kGemmBK, mm = kATrans ? e % kGemmBM : e / kGemmBK;
-      const int m = m0 + mm, k = k0 + kk;
-      As[kk][mm] = m < M && k < Kd ? A[kATrans ? int64_t(k) * M + m : int64_t(m) * Kd + k]
-                                   : make_float2(0.f, 0.f);
-    }
-#pragma unroll
-    for (int i = 0; i < kGemmBN * kGemmBK / kGemmThreads; ++i) {
-      const int e = threadIdx.x + i * kGemmThreads;
-      const int kk = kBTrans ? e % kGemmBK : e / kGemmBN, nn = kBTrans ? e / kGemmBK : e % kGemmBN;
-      const int n = n0 + nn, k = k0 + kk;
-      float2 v = n < N && k < Kd ? B[kBTrans ? int64_t(n) * Kd + k : int64_t(k) * N + n]
-                                 : make_float2(0.f, 0.f);
-      if (kConjB) v.y = -v.y;
-      Bs[kk][nn] = v;
+  const int k_tiles = (Kd + kGemmBK - 1) / kGemmBK;
+  auto load = [&](int t) {
+    load_tile<!kATrans, kGemmBM>(As[t & 1], A, m0, M, t * kGemmBK, Kd);
+    load_tile<kBTrans, kGemmBN>(Bs[t & 1], B, n0, N, t * kGemmBK, Kd);
+    asm volatile("cp.async.commit_group;\n");
+  };
+  load(0);
+  for (int t = 0; t < k_tiles; ++t) {
+    if (t + 1 < k_tiles) {
+      load(t + 1);
+      asm volatile("cp.async.wait_group 1;\n");
+    } else {
+      asm volatile("cp.async.wait_group 0;\n");
     }
     __syncthreads();
+    const auto& as = As[t & 1];
+    const auto& bs = Bs[t & 1];
 #pragma unroll
     for (int kk = 0; kk < kGemmBK; ++kk) {
       float2 a[4], b[8];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const float4 t = *reinterpret_cast<const float4*>(&As[kk][2 * ty + 32 * i]);
-        a[2 * i] = make_float2(t.x, t.y);
-        a[2 * i + 1] = make_float2(t.z, t.w);
+        const float4 v = *reinterpret_cast<const float4*>(&as[kk][2 * ty + 32 * i]);
+        a[2 * i] = make_float2(v.x, v.y);
+        a[2 * i + 1] = make_float2(v.z, v.w);
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float4 t = *reinterpret_cast<const float4*>(&Bs[kk][2 * tx + 16 * j]);
-        b[2 * j] = make_float2(t.x, t.y);
-        b[2 * j + 1] = make_float2(t.z, t.w);
+        const float4 v = *reinterpret_cast<const float4*>(&bs[kk][2 * tx + 16 * j]);
+        b[2 * j] = make_float2(v.x, kConjB ? -v.y : v.y);
+        b[2 * j + 1] = make_float2(v.z, kConjB ? -v.w : v.w);
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i)
@@ -515,7 +550,7 @@ cgemm_kernel(const float2* __restrict__ A, const float2* __restrict__ B, float2*
           acc[i][j].y = fmaf(a[i].x, b[j].y, fmaf(a[i].y, b[j].x, acc[i][j].y));
         }
     }
-    __syncthreads();
+    __syncthreads();  // the stage is refilled by the load of tile t + 2
   }
 
 #pragma unroll
@@ -535,8 +570,8 @@ cgemm_kernel(const float2* __restrict__ A, const float2* __restrict__ B, float2*
 // ---- host: plan ----------------------------------------------------------------------------
 
 // Chooses the FFT length L and tile T of one axis for an output extent and filter taps
-// (L >= T + taps - 1); returns false when the algorithm has no plan for it.
-using LengthFn = bool (*)(int64_t extent, int64_t taps, int64_t* L, int64_t* T);
+// (L >= T + taps - 1), or says why the algorithm has none.
+using LengthFn = Support (*)(int64_t extent, int64_t taps, int64_t* L, int64_t* T);
 
 struct Plan {
   bool empty = false;  // a zero-size operand: the result is zero
@@ -575,17 +610,13 @@ inline Support make_plan(const Args& a, LengthFn choose, Plan* plan) {
   int64_t L[2];
   for (int d = 0; d < 2; ++d) {
     const int64_t extent = a.dir == Direction::kBwdData ? p.in[1 + d] : p.out[1 + d];
-    if (!choose(extent, p.filt[1 + d], &L[d], &plan->T[d]))
-      return Support::No("no FFT tile of at most 64 covers a " + std::to_string(p.filt[1 + d]) +
-                         "-tap filter");
+    if (Support s = choose(extent, p.filt[1 + d], &L[d], &plan->T[d]); !s.ok) return s;
     plan->tiles[d] = (extent + plan->T[d] - 1) / plan->T[d];
   }
   const int64_t plane_bytes = int64_t(sizeof(float2)) * L[0] * (L[1] | 1);
-  int dev = 0, smem_max = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-          cudaSuccess)
-    return Support::No("cannot query the device's shared memory");
+  // sm_90's opt-in limit per block (227 KB): a constant, not a device query, so that support
+  // and workspace answers are the same on every machine (and without a GPU).
+  constexpr int64_t smem_max = 227 * 1024;
   if (plane_bytes + 12 * (L[0] + L[1]) > smem_max)
     return Support::No("FFT plane " + std::to_string(L[0]) + "x" + std::to_string(L[1]) +
                        " does not fit one block's shared memory (" +
@@ -608,7 +639,8 @@ inline Support make_plan(const Args& a, LengthFn choose, Plan* plan) {
   int64_t biggest = std::max({plan->A, p.C * p.K, gemm_blocks, plan->T[0] * plan->tiles[0],
                               plan->T[1] * plan->tiles[1]});
   for (int d = 1; d < 3; ++d)
-    biggest = std::max({biggest, p.in[d], p.out[d], std::abs(p.pad_lo[d]), std::abs(p.pad_hi[d])});
+    biggest = std::max({biggest, p.in[d], p.out[d], std::abs(p.pad_lo[d]),
+                        std::abs(p.pad_hi[d])});
   if (biggest >= (int64_t(1) << 30)) return Support::No("problem too large for 32-bit indices");
   return Support::Yes();
 }
@@ -684,7 +716,7 @@ Status gemm(const Plan& pl, const float2* A, const float2* B, float2* C, int64_t
   return cuda::check_launch("conv fft cgemm_kernel");
 }
 
-// ---- host: the three directions ------------------------------------------------------------------
+// ---- host: the three directions -------------------------------------------------------------
 
 template <typename In, typename Out>
 Status run_typed(const Plan& pl, const Args& a, const Buffers& buf, void* workspace,
@@ -709,7 +741,8 @@ Status run_typed(const Plan& pl, const Args& a, const Buffers& buf, void* worksp
   Status st;
   auto ok = [&](Status s) { st = std::move(s); return st.ok(); };
 
-  if (a.dir != Direction::kBwdFilter && !ok(forward(pl, w, wspec, w_win, 0, 1, C * K, false, stream)))
+  if (a.dir != Direction::kBwdFilter &&
+      !ok(forward(pl, w, wspec, w_win, 0, 1, C * K, false, stream)))
     return st;
   for (int64_t a0 = 0; a0 < pl.A; a0 += pl.batch) {
     const int64_t n = std::min(pl.batch, pl.A - a0);
@@ -729,7 +762,8 @@ Status run_typed(const Plan& pl, const Args& a, const Buffers& buf, void* worksp
             {W, Tw, S - 1, std::max(0, -plo_w), std::min(W, W + int(p.pad_hi[2]))}};
         if (!ok(forward(pl, y, spec_k, dy_win, a0, n, K, true, stream)) ||
             !ok(gemm<false, true, false>(pl, spec_k, wspec, spec_c, n, C, K, false, stream)) ||
-            !ok(inverse(pl, spec_c, static_cast<Out*>(buf.result), dx_crop, a0, n, C, true, stream)))
+            !ok(inverse(pl, spec_c, static_cast<Out*>(buf.result), dx_crop, a0, n, C, true,
+                        stream)))
           return st;
         break;
       }
@@ -757,7 +791,8 @@ inline Status run(const Plan& pl, const Args& a, const Buffers& buf, void* works
     const int64_t elems = a.dir == Direction::kFwd       ? p.y_elems()
                           : a.dir == Direction::kBwdData ? p.x_elems()
                                                          : p.w_elems();
-    if (elems > 0 && cudaMemsetAsync(buf.result, 0, elems * dtype_bytes(a.out), stream) != cudaSuccess)
+    if (elems > 0 &&
+        cudaMemsetAsync(buf.result, 0, elems * dtype_bytes(a.out), stream) != cudaSuccess)
       return cuda::check_launch("conv fft zero result");
     return Status::Ok();
   }
@@ -766,7 +801,8 @@ inline Status run(const Plan& pl, const Args& a, const Buffers& buf, void* works
   dispatch_io(a.in, a.out, [&](auto in_tag, auto out_tag) {
     using In = cuda::device_t<decltype(in_tag)>;
     using Out = cuda::device_t<decltype(out_tag)>;
-    if constexpr (!std::is_same_v<In, double>) st = run_typed<In, Out>(pl, a, buf, workspace, stream);
+    if constexpr (!std::is_same_v<In, double>)
+      st = run_typed<In, Out>(pl, a, buf, workspace, stream);
   });
   return st;
 }

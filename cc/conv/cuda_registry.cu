@@ -14,6 +14,8 @@ const std::vector<const CudaAlgorithm*>& cuda_algorithms() {
       &kCudaIm2colGemm,
       &kCudaWinograd,
       &kCudaWinogradNonfused,
+      &kCudaFft,
+      &kCudaFftTiling,
   };
   return kAll;
 }

@@ -26,6 +26,23 @@ NB_MODULE(_cpu, m) {
         throw std::invalid_argument("norm workspace direction must be fwd or bwd");
       },
       nb::arg("direction"), nb::arg("shape"), nb::arg("x_dtype"));
+  // The CPU has one softmax kernel (cc/softmax/cpu_softmax.cc: rows split over the threads);
+  // listed so that selection and explain treat every platform alike.
+  m.def(
+      "softmax_algorithms",
+      [](int64_t, int64_t, std::string) {
+        nb::dict d;
+        d["name"] = "rows";
+        d["supported"] = true;
+        d["reason"] = "";
+        d["workspace_bytes"] = int64_t(0);
+        d["deterministic"] = true;
+        d["tensor_cores"] = false;
+        nb::list out;
+        out.append(d);
+        return out;
+      },
+      nb::arg("rows"), nb::arg("cols"), nb::arg("dtype"));
   m.def("ffi_api_version", [] { return nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   m.def(
       "conv_algorithms",

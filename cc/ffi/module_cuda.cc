@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "cc/conv/cuda_algorithms.h"
+#include "cc/softmax/cuda_softmax.h"
 #include "cc/ffi/module_common.h"
 
 namespace nb = nanobind;
@@ -47,6 +48,25 @@ NB_MODULE(_cuda, m) {
       nb::arg("name"), nb::arg("repeats"),
       "Device milliseconds of `repeats` runs of one algorithm (CUDA events, own stream and "
       "buffers); RuntimeError when it cannot run (e.g. not enough free GPU memory).");
+  m.def(
+      "softmax_algorithms",
+      [](int64_t rows, int64_t cols, std::string dtype) {
+        const softmax::Problem p{ffi_util::dtype_from_name(dtype), rows, cols};
+        nb::list out;
+        for (const softmax::CudaAlgorithm* a : softmax::cuda_algorithms()) {
+          Support s = a->supports(p);
+          nb::dict d;
+          d["name"] = a->name;
+          d["supported"] = s.ok;
+          d["reason"] = s.reason;
+          d["workspace_bytes"] = int64_t(0);
+          d["deterministic"] = true;
+          d["tensor_cores"] = false;
+          out.append(d);
+        }
+        return out;
+      },
+      nb::arg("rows"), nb::arg("cols"), nb::arg("dtype"));
   m.def("cuda_runtime_version", [] {
     int v = 0;
     cudaRuntimeGetVersion(&v);

@@ -1,5 +1,8 @@
-// The CUDA softmax entry points: rows that fit in registers run cuda_softmax_rows.cu (one HBM
-// read), longer or unaligned ones cuda_softmax_online.cu.
+// The CUDA softmax registry and entry points: cuda_softmax_rows.cu keeps a row in registers
+// (one HBM read), cuda_softmax_online.cu handles any row length.
+
+#include <cstring>
+#include <string>
 
 #include "cc/softmax/cuda_softmax.h"
 #include "cc/softmax/cuda_softmax_kernels.h"
@@ -7,27 +10,46 @@
 namespace jaxdnn::softmax {
 namespace {
 
-Status launch(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream) {
+Support any_row(const Problem&) { return Support::Yes(); }
+
+const CudaAlgorithm kRows = {"rows", rows_support};
+const CudaAlgorithm kOnline = {"online", any_row};
+
+Status launch(const char* algo, Kind kind, const Problem& p, const Operands& io,
+              cudaStream_t stream) {
   if (p.dtype != DType::kF32 && p.dtype != DType::kF64 && p.dtype != DType::kF16 &&
       p.dtype != DType::kBF16)
     return Status::Error("jaxdnn softmax: unsupported dtype");
-  if (launch_rows(kind, p, io, stream)) return cuda::check_launch("softmax_rows_kernel");
-  launch_online(kind, p, io, stream);
-  return cuda::check_launch("softmax_online_kernel");
+  if (std::strcmp(algo, kRows.name) == 0) {
+    if (!launch_rows(kind, p, io, stream))
+      return Status::Error("jaxdnn softmax rows: " + rows_support(p).reason);
+    return cuda::check_launch("softmax_rows_kernel");
+  }
+  if (std::strcmp(algo, kOnline.name) == 0) {
+    launch_online(kind, p, io, stream);
+    return cuda::check_launch("softmax_online_kernel");
+  }
+  return Status::Error(std::string("jaxdnn softmax: unknown algorithm ") + algo);
 }
 
 }  // namespace
 
-Status cuda_forward(const Problem& p, bool log, const void* x, void* y, cudaStream_t stream) {
-  return launch(log ? Kind::kLogSoftmax : Kind::kSoftmax, p, {x, nullptr, y}, stream);
+const std::vector<const CudaAlgorithm*>& cuda_algorithms() {
+  static const std::vector<const CudaAlgorithm*> kAll = {&kRows, &kOnline};
+  return kAll;
 }
 
-Status cuda_backward(const Problem& p, Linear kind, const void* y, const void* c, void* out,
-                     cudaStream_t stream) {
+Status cuda_forward(const char* algo, const Problem& p, bool log, const void* x, void* y,
+                    cudaStream_t stream) {
+  return launch(algo, log ? Kind::kLogSoftmax : Kind::kSoftmax, p, {x, nullptr, y}, stream);
+}
+
+Status cuda_backward(const char* algo, const Problem& p, Linear kind, const void* y,
+                     const void* c, void* out, cudaStream_t stream) {
   const Kind k = kind == Linear::kSoftmax        ? Kind::kBwdSoftmax
                  : kind == Linear::kLogSoftmaxVjp ? Kind::kBwdLogSoftmaxVjp
                                                   : Kind::kBwdLogSoftmaxJvp;
-  return launch(k, p, {y, c, out}, stream);
+  return launch(algo, k, p, {y, c, out}, stream);
 }
 
 }  // namespace jaxdnn::softmax

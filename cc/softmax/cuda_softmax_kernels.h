@@ -53,8 +53,9 @@ void dispatch_kind(Kind k, Fn&& fn) {
   }
 }
 
-// cuda_softmax_rows.cu: launches the row-in-registers kernel and returns true, or returns
-// false (launching nothing) when the rows are too long for it.
+// cuda_softmax_rows.cu: whether the row-in-registers kernel takes rows of this length, and
+// the launch, which returns false (launching nothing) when it does not.
+Support rows_support(const Problem& p);
 bool launch_rows(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream);
 
 // cuda_softmax_online.cu: any row length, two reads of the input.

@@ -176,6 +176,28 @@ bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
 
 }  // namespace
 
+// The row lengths launch_typed takes (with 16-byte aligned operands, as XLA allocates them).
+template <typename T>
+bool rows_fit(int64_t cols) {
+  constexpr int kVecN = cuda::Vec<T>::kN;
+  constexpr int kMaxK = kMaxElems<dev_acc_t<T>> / kVecN;
+  return cols % kVecN == 0 ? cols / kVecN <= 512 * kMaxK : cols <= 256;
+}
+
+Support rows_support(const Problem& p) {
+  bool fit = false;
+  int64_t limit = 0;
+  dispatch_io(p.dtype, p.dtype, [&](auto tag, auto) {
+    using T = device_t<decltype(tag)>;
+    fit = rows_fit<T>(p.cols);
+    limit = int64_t(512) * kMaxElems<dev_acc_t<T>>;
+  });
+  if (fit) return Support::Yes();
+  return Support::No("a row of " + std::to_string(p.cols) + " does not fit in registers (at " +
+                     "most " + std::to_string(limit) + " elements, 256 when not a multiple " +
+                     "of 16 bytes)");
+}
+
 bool launch_rows(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream) {
   bool launched = false;
   dispatch_kind(kind, [&](auto k) {

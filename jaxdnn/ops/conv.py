@@ -34,6 +34,7 @@ from .. import _ffi
 from .. import algo as algo_lib
 from .. import _config as config_lib
 from ..algo import DIRECTIONS, select_conv_algorithm
+from . import softmax as softmax_ops
 
 SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16,
                                                 jnp.bfloat16))
@@ -630,15 +631,40 @@ class ConvProblem:
     forced_algo: str | None = None
     policy: tuple[bool, bool, int] = (False, False, -1)
 
+    def describe(self) -> str:
+        s = self.spec
+        return (f"conv {self.direction:10s} x{s.lhs_shape} w{s.rhs_shape} stride{s.stride} "
+                f"groups={s.groups} {self.dtype.name}->{self.out_dtype.name}"
+                + (" tf32" if s.tf32 else ""))
+
+    def choose(self, platform: str) -> algo_lib.Choice:
+        return select_conv_algorithm(self.spec, self.direction, self.dtype, self.out_dtype,
+                                     platform, self.forced_algo, self.policy,
+                                     finder=_find_for_selection)
+
+
+def _op_problem(eqn):
+    """The ConvProblem or SoftmaxProblem of a jaxpr equation, or None for other primitives."""
+    p = eqn.params
+    for direction, prim in _PRIMS.items():
+        if eqn.primitive is prim:
+            return ConvProblem(direction, p["spec"], np.dtype(eqn.invars[0].aval.dtype),
+                               np.dtype(p["out_dtype"]), p["algo"][DIRECTIONS.index(direction)],
+                               p["policy"])
+    if eqn.primitive is softmax_ops.softmax_fwd_p:
+        return softmax_ops._problem("fwd", eqn.invars[0].aval,
+                                    "log_softmax" if p["log"] else "softmax", p["algo"],
+                                    p["policy"])
+    if eqn.primitive is softmax_ops.softmax_bwd_p:
+        return softmax_ops._problem("bwd", eqn.invars[0].aval, p["kind"], p["algo"], p["policy"])
+    return None
+
 
 def _walk_jaxpr(jaxpr, found):
     for eqn in jaxpr.eqns:
-        for direction, prim in _PRIMS.items():
-            if eqn.primitive is prim:
-                p = eqn.params
-                found.append(ConvProblem(direction, p["spec"], np.dtype(eqn.invars[0].aval.dtype),
-                                         np.dtype(p["out_dtype"]),
-                                         p["algo"][DIRECTIONS.index(direction)], p["policy"]))
+        problem = _op_problem(eqn)
+        if problem is not None:
+            found.append(problem)
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):  # ClosedJaxpr
@@ -647,12 +673,16 @@ def _walk_jaxpr(jaxpr, found):
                     _walk_jaxpr(sub, found)
 
 
+def _problems(fn, *args, **kwargs) -> list:
+    found: list = []
+    _walk_jaxpr(jax.make_jaxpr(partial(fn, **kwargs))(*args).jaxpr, found)
+    return found
+
+
 def conv_problems(fn, *args, **kwargs) -> list[ConvProblem]:
     """Every jaxdnn convolution that ``fn(*args, **kwargs)`` performs (forward and, if `fn`
     differentiates, backward directions), found by tracing it."""
-    found: list[ConvProblem] = []
-    _walk_jaxpr(jax.make_jaxpr(partial(fn, **kwargs))(*args).jaxpr, found)
-    return found
+    return [p for p in _problems(fn, *args, **kwargs) if isinstance(p, ConvProblem)]
 
 
 def conv_problem(x, w, **conv_kwargs) -> ConvProblem:
@@ -755,14 +785,7 @@ def _time_algorithm(name, fn, direction, spec, dtype, out_dtype, platform, input
             return float(np.median(ms)) / 1e3, "cuda events"
         except RuntimeError:
             pass
-    many = jax.jit(lambda ins: [fn(*i) for i in ins])
-    jax.block_until_ready(many(inputs))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(many(inputs))
-        times.append((time.perf_counter() - t0) / len(inputs))
-    return float(np.median(times)), "wall clock"
+    return algo_lib.time_jitted(fn, inputs, repeats), "wall clock"
 
 
 def find_conv_algorithms(problem: ConvProblem, platform: str | None = None, *,
@@ -781,40 +804,39 @@ def _find_for_selection(spec, direction, dtype, out_dtype, platform):
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    """What one jaxdnn convolution in a traced function runs, and why."""
+    """What one jaxdnn kernel call (a convolution direction or a softmax) in a traced function
+    runs, and why."""
 
     direction: str
-    problem: ConvProblem
+    problem: object  # ConvProblem or SoftmaxProblem
     algo: str
     reason: str
     workspace_bytes: int
 
     def summary(self) -> str:
-        s = self.problem.spec
-        return (f"{self.direction:10s} x{s.lhs_shape} w{s.rhs_shape} stride{s.stride} "
-                f"groups={s.groups} {self.problem.dtype.name}->{self.problem.out_dtype.name}")
+        return self.problem.describe()
 
 
 class Explained(list):
     """A list of Explanation with a readable table as its str()."""
 
     def __str__(self) -> str:
-        lines = [f"{'algorithm':14s} {'workspace':>10s}  problem / reason"]
+        lines = [f"{'algorithm':22s} {'workspace':>10s}  problem / reason"]
         for e in self:
-            lines.append(f"{e.algo:14s} {e.workspace_bytes:10d}  {e.summary()}\n"
-                         f"{'':26s}{e.reason}")
+            lines.append(f"{e.algo:22s} {e.workspace_bytes:10d}  {e.summary()}\n"
+                         f"{'':34s}{e.reason}")
         return "\n".join(lines)
 
 
 def explain(fn, *args, platform: str | None = None, **kwargs) -> Explained:
-    """Lists every jaxdnn convolution in ``fn(*args, **kwargs)`` (traced as ``jax.jit`` would)
-    with the algorithm that runs on `platform`, why (heuristic, cached or measured benchmark,
-    forced, and what the deterministic / workspace policy excluded) and its workspace."""
+    """Lists every jaxdnn convolution and softmax in ``fn(*args, **kwargs)`` (traced as
+    ``jax.jit`` would) with the algorithm that runs on `platform`, why (heuristic, cached or
+    measured benchmark, forced, and what the deterministic / workspace policy excluded) and its
+    workspace."""
     plat = _platform(platform)
     out = Explained()
-    for p in conv_problems(fn, *args, **kwargs):
-        choice = select_conv_algorithm(p.spec, p.direction, p.dtype, p.out_dtype, plat,
-                                       p.forced_algo, p.policy, finder=_find_for_selection)
+    for p in _problems(fn, *args, **kwargs):
+        choice = p.choose(plat)
         out.append(Explanation(p.direction, p, choice.name, choice.describe(),
                                choice.workspace_bytes))
     return out
