@@ -204,7 +204,7 @@ def test_cpu_registry_and_forced_errors():
     infos = jaxdnn.softmax_algorithms(_problem(8, 16), "cpu")
     assert [a.name for a in infos] == ["rows"] and infos[0].supported and infos[0].rank == 0
     x = jnp.ones((4, 8))
-    with pytest.raises(ValueError, match="unknown softmax algorithm 'fast' for fwd on cpu; registered: rows"):
+    with pytest.raises(ValueError, match="unknown softmax algorithm 'fast' for fwd on (cpu|cuda); registered: "):
         jax.jit(lambda x: jaxdnn.softmax(x, algo="fast")).lower(x)
     with pytest.raises(TypeError, match="`algo` must be None or an algorithm name"):
         jaxdnn.softmax(x, algo=3)
@@ -242,12 +242,12 @@ def test_every_gpu_algorithm_matches_jax_nn(dtype):
     rng = np.random.default_rng(4)
     x = jax.device_put(rand(rng, (64, 1000), dtype), jax.devices("gpu")[0])
     ref = jax.nn.log_softmax(x.astype(jnp.float32))
+    ct = jax.device_put(rand(rng, (64, 1000), dtype), jax.devices("gpu")[0])
+    ref, ref_vjp = jax.vjp(jax.nn.log_softmax, x.astype(jnp.float32))
     for algo in ("rows", "online"):
         y, vjp = jax.vjp(jax.jit(lambda x, a=algo: jaxdnn.log_softmax(x, algo=a)), x)
         assert_close(y, ref, dtype, what=algo)
-        ct = jnp.ones_like(y)
-        dx_ref = ct.astype(jnp.float32) - jnp.exp(ref) * 1000
-        assert_close(vjp(ct)[0], dx_ref, dtype, what=f"{algo} vjp")
+        assert_close(vjp(ct)[0], ref_vjp(ct.astype(jnp.float32))[0], dtype, what=f"{algo} vjp")
     with pytest.raises(ValueError, match="cannot run this fwd problem"):
         jax.jit(lambda x: jaxdnn.softmax(x, algo="rows")).lower(jnp.ones((2, 20000)))
 

@@ -33,6 +33,7 @@ extern const CudaAlgorithm kCudaWinograd;          // cuda_winograd.cu: fused F(
 extern const CudaAlgorithm kCudaWinogradNonfused;  // cuda_winograd_nonfused.cu: F(4x4,3x3)
 extern const CudaAlgorithm kCudaFft;        // cuda_fft.cu: one FFT plane per image
 extern const CudaAlgorithm kCudaFftTiling;  // cuda_fft_tiling.cu: overlap-save tiles
+extern const CudaAlgorithm kCudaDepthwise;  // cuda_depthwise.cu: groups == C
 
 const std::vector<const CudaAlgorithm*>& cuda_algorithms();
 

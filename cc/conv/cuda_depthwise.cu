@@ -9,7 +9,8 @@
 //   bwd_data   src = dy, dst = dx. Stride 1: the forward correlation with the filter flipped and
 //              pad' = (R-1)*dil - pad (same kernels, fast path included). Stride > 1: the
 //              gather form, dy position (o + pad - f*dil) / stride where it divides (generic
-//              path). Kg > 1 runs Kg passes over the tile; pass j adds dy channel c*Kg + j.
+//              path). Kg > 1 runs Kg passes over the tile (generic path); pass j adds dy
+//              channel c*Kg + j.
 //   bwd_filter dw(tap, k) = sum over (n, p, q) of x(window) * dy(n, p, q, k): each block
 //              accumulates a contiguous slab of (image, tile) work items in registers, reduces
 //              its thread groups in a fixed order through shared memory and writes one partial
@@ -18,37 +19,45 @@
 // The depth axis folds into the batch (it must have T == 1, stride 1, no padding), and when the
 // filter has one row the image rows fold into one tall image (a 1-D problem is one long row).
 //
-// Block tile: kSlice = 16 channels x (TH, TW) destination positions, TW = WG*kWt, chosen per
-// problem so the image is covered with little waste (56 = 7*8) within a shared-memory budget.
-// The source window of the tile is staged in shared memory, converted to the accumulator type
-// (float; double for float64), channels innermost:
+// Block tile: kSlice = 16 channels x (TH, TW) destination positions. The source window of the
+// tile is staged in shared memory as the accumulator type (float; double for float64),
+// channels innermost:
 //   tile    (span_h, pitch, kSlice)   span = (tile-1)*stride + (taps-1)*dil + 1, pitch = span_w
 //                                     rounded up to odd, so that rows one apart fall in opposite
 //                                     halves of the banks (conflict-free 16-byte loads)
 //   filter  (R*S, kSlice)             taps of the slice (flipped for stride-1 bwd_data)
-// 16-byte global loads (8 bf16/f16, 4 f32, 2 f64), four in flight per thread, when the channel
-// map is the identity; scalar loads otherwise (Kg > 1). Threads: lane (V = 16 bytes of
-// accumulators: 4 floats or 2 doubles; 4 or 8 lanes cover the slice) fastest.
-//   fwd / bwd_data  thread = (lane, row r0 of TR, column group of WG): outputs at rows r0 and
-//       r0 + TR (kHt = 2, so quarter-warp neighbours read adjacent rows) by kWt = 8 columns:
-//       (kHt, kWt, V) = 64 accumulators. Fast path (S in {3, 5, 7}, W stride 1 or 2, W dilation
-//       1): per filter row the S weight vectors sit in registers and each of the
-//       (kWt-1)*stride + S source columns is loaded once and feeds every output it touches.
-//       Generic path: one shared load per (output, tap).
+// Staging uses 16-byte global loads (8 bf16/f16, 4 f32, 2 f64) when the channel map is the
+// identity: cp.async with zero fill for float32/float64 (every load of a thread in flight, no
+// registers), four loads in flight through registers for the 16-bit types (converted); scalar
+// loads when Kg > 1. Threads: lane fastest (V = 16 bytes of accumulators, 4 floats or 2
+// doubles: 4 or 8 lanes cover the slice).
+//   fwd / bwd_data  thread = (lane, row tr of TR, column group of WG): outputs at rows tr and
+//       tr + TR (kHt = 2; quarter-warp neighbours read adjacent rows) by WT columns, WT = 7 or 8
+//       (7 tiles the 112/56/28/14/7-wide maps of ImageNet networks exactly and keeps WG = 8
+//       warps full; 8 the power-of-two widths): (kHt, WT, V) accumulators, 56 or 64. Fast path
+//       (S = 3, 5, 7 with W stride 1; S = 3, 5 with W stride 2; W dilation 1): per filter row
+//       the S weight vectors sit in registers and each of the (WT-1)*stride + S source columns
+//       is loaded once and feeds every output it touches. Generic path: one shared load per
+//       (output, tap), runtime taps, strides and dilations.
 //   bwd_filter  thread = (lane, task = filter row [x tap group of 8 in the generic path],
-//       group of items): for each item (one dy row by kWt columns of the tile) the kWt dy
-//       vectors sit in registers and each x column of the row is loaded once: (S, V)
-//       accumulators per thread.
+//       group of items): per item (one dy row by WT columns of the tile) the WT dy vectors sit
+//       in registers and each x column of the row is loaded once: (S, V) accumulators.
+// The host picks the variant (WT) and the tile (WG <= 8, TR or TH) per problem by a cost model:
+// computed positions (idle lanes of a partial warp included) plus a quarter per staged
+// position, within a 72 KB shared-memory budget (3 blocks per SM on the H200).
 //
-// Cost (N=64, 56x56, bf16 moves 2 bytes an element, f32 4):
-//   (a) C=144 3x3: 0.52 GFLOP against 116 MB (bf16) / 231 MB (f32) of x and y (or dy and dx,
-//       or x and dy): memory bound; the staged halo (1.2x) comes from L2. At ~3.5-4 TB/s:
-//       bf16 ~30 us = 16-18 TFLOP/s, f32 ~60 us = 8-9 TFLOP/s, every direction.
-//   (b) C=96 7x7: 1.89 GFLOP against 77 MB (bf16): bound by shared-memory bandwidth. fwd and
-//       bwd_data per thread and filter row: 2*14 source + 7 weight 16-byte loads for 448 FMAs,
-//       i.e. 4 shared wavefronts per 3.2 FMA issues, an 80% ceiling on FMA issue: predicted
-//       30-40 TFLOP/s (bf16 and f32 alike). bwd_filter: 8 dy + 14 x loads for 224 FMAs, a 64%
-//       ceiling: predicted 20-25 TFLOP/s.
+// Plans and cost of the benchmark shapes (N=64, 56x56; bf16 moves 2 bytes an element, f32 4):
+//   (a) C=144 3x3 pad 1: 0.52 GFLOP against 116 MB (bf16) / 231 MB (f32) of the two big
+//       tensors: memory bound. fwd/bwd_data: WT 7, 28x28 tiles, 224 threads, 60 KB; the staged
+//       halo (1.15x) mostly hits L2. bwd_filter: 8x56 tiles, 192 threads, 117 slabs per slice,
+//       0.6 MB of partials. At 3-4 TB/s: bf16 30-40 us = 13-17 TFLOP/s, f32 60-75 us = 7-9
+//       TFLOP/s, every direction.
+//   (b) C=96 7x7 pad 3: 1.89 GFLOP against 77 MB (bf16): bound by shared-memory bandwidth.
+//       fwd/bwd_data: WT 7, 8x56 tiles, 128 threads, 60 KB; per thread and filter row 7 weight
+//       + 2*13 source 16-byte loads feed 392 FMAs: 4 wavefronts per 11.9 FMA issues, a 74%
+//       ceiling on FMA issue (50 TFLOP/s); predicted 30-40 TFLOP/s, bf16 and f32 alike.
+//       bwd_filter: 14x28 tiles, 224 threads, 176 slabs, 3.3 MB of partials; 7 dy + 13 x loads
+//       per 196 FMAs, a 61% ceiling; predicted 20-25 TFLOP/s.
 //   XLA/cuDNN on H200 (TFLOP/s, bf16 / f32): (a) fwd 5.3/4.4, bwd_data 7.0/5.3, bwd_filter
 //   4.5/4.2; (b) fwd 9.0/4.2, bwd_data 26.2/16.8, bwd_filter 10.5/0.3.
 //   Measured: not yet (dev/drivers/depthwise_check.cu prints both benchmark shapes).
@@ -57,7 +66,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
-#include <utility>
+#include <vector>
 
 #include "cc/common/cuda_util.h"
 #include "cc/common/cuda_vec.h"
@@ -73,11 +82,10 @@ using cuda::to_acc;
 using cuda::Vec;
 
 constexpr int kSlice = 16;        // channels per block
-constexpr int kWt = 8;            // destination columns per thread
 constexpr int kHt = 2;            // destination rows per thread (fwd, bwd_data)
 constexpr int kTapGroup = 8;      // filter taps per thread in the generic bwd_filter path
 constexpr int kMaxThreads = 256;  // threads per block, at most
-constexpr int kLoadBatch = 8;     // 16-byte global loads in flight per thread while staging
+constexpr int kLoadBatch = 4;     // 16-byte global loads in flight per thread while staging
 constexpr int64_t kSmemBudget = 72 * 1024;  // tiles shrink to fit: 3 blocks per H200 SM
 constexpr int64_t kSmemLimit = 96 * 1024;   // a problem whose smallest tile needs more: No
 constexpr int64_t kFilterBlocks = 1056;     // bwd_filter blocks to aim for (8 per H200 SM)
@@ -109,7 +117,7 @@ struct Axis {
 // Destination tiles of a launch.
 struct Tiling {
   Axis h, w;
-  int n, tiles_h, tiles_w, slices;
+  int tiles_h, tiles_w, slices;
   int pitch;  // shared-memory positions per staged source row (odd)
 };
 
@@ -158,6 +166,23 @@ __device__ __forceinline__ void store_converted(Acc* dst, const Vec<In>& v, bool
   }
 }
 
+// Copies 16 bytes from global to shared memory without a trip through registers (cp.async), or
+// writes 16 zero bytes when !ok (its zero fill: nothing is read). cp_async_wait() waits for
+// the thread's copies.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool ok) {
+#if defined(__CUDA_ARCH__)
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(ok ? 16 : 0));
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // Stages the (rows, cols) window at source position (r0, c0) of one image, destination
 // channels [d0, d0 + kSlice) of pass j, into tile (rows, pitch, kSlice); zeros outside the image
 // and for channels >= dst_c.
@@ -168,22 +193,35 @@ __device__ void stage_tile(Acc* tile, const In* img, const Source& s, int src_h,
   if (s.vec) {
     constexpr int kVL = Vec<In>::kN, kParts = kSlice / kVL;
     const int total = rows * cols * kParts;
-    for (int i0 = tid; i0 < total; i0 += kLoadBatch * nt) {
-      Vec<In> v[kLoadBatch];
-      bool ok[kLoadBatch];
-      int at[kLoadBatch];
-#pragma unroll
-      for (int u = 0; u < kLoadBatch; ++u) {
-        const int i = i0 + u * nt, part = i % kParts, pos = i / kParts;
-        const int row = pos / cols, col = pos - row * cols;
-        const int gr = r0 + row, gc = c0 + col, d = d0 + part * kVL;
-        ok[u] = i < total && gr >= 0 && gr < src_h && gc >= 0 && gc < src_w && d < dst_c;
-        at[u] = (row * pitch + col) * kSlice + part * kVL;
-        if (ok[u]) v[u] = Vec<In>::load(img + (int64_t(gr) * src_w + gc) * s.c + d);
+    // Vector i of the window: its offset in the tile, and its address (nullptr: zeros).
+    auto vector_at = [&](int i, int* at) -> const In* {
+      const int part = i % kParts, pos = i / kParts, row = pos / cols, col = pos - row * cols;
+      const int gr = r0 + row, gc = c0 + col, d = d0 + part * kVL;
+      *at = (row * pitch + col) * kSlice + part * kVL;
+      const bool ok = gr >= 0 && gr < src_h && gc >= 0 && gc < src_w && d < dst_c;
+      return ok ? img + (int64_t(gr) * src_w + gc) * s.c + d : nullptr;
+    };
+    if constexpr (std::is_same_v<In, Acc>) {  // a plain copy: every load of the thread in flight
+      for (int i = tid; i < total; i += nt) {
+        int at;
+        const In* g = vector_at(i, &at);
+        copy16_async(tile + at, g ? g : img, g != nullptr);
       }
+      cp_async_wait();
+    } else {  // converted through registers, kLoadBatch loads in flight
+      for (int i0 = tid; i0 < total; i0 += kLoadBatch * nt) {
+        Vec<In> v[kLoadBatch];
+        const In* g[kLoadBatch];
+        int at[kLoadBatch];
 #pragma unroll
-      for (int u = 0; u < kLoadBatch; ++u)
-        if (i0 + u * nt < total) store_converted(tile + at[u], v[u], ok[u]);
+        for (int u = 0; u < kLoadBatch; ++u) {
+          g[u] = i0 + u * nt < total ? vector_at(i0 + u * nt, &at[u]) : nullptr;
+          if (g[u]) v[u] = Vec<In>::load(g[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kLoadBatch; ++u)
+          if (i0 + u * nt < total) store_converted(tile + at[u], v[u], g[u] != nullptr);
+      }
     }
   } else {
     const int total = rows * cols * kSlice;
@@ -222,7 +260,7 @@ __device__ __forceinline__ void store_out(Out* p, const Acc* v, int valid, bool 
 
 // Adds the tile's contribution to this thread's outputs: rows tr and tr + TR, columns
 // tw0 .. tw0 + kWt - 1 of the tile, lane's V channels. tile and wts point at the lane's channels.
-template <int kS, int kSW, bool kTransposed, typename Acc>
+template <int kS, int kSW, int kWt, bool kTransposed, typename Acc>
 __device__ __forceinline__ void conv_accumulate(const Acc* tile, const Acc* wts, const Tiling& t,
                                                 int e_h, int e_w, int tr, int tw0,
                                                 Acc (&acc)[kHt][kWt][Vec<Acc>::kN]) {
@@ -267,7 +305,8 @@ __device__ __forceinline__ void conv_accumulate(const Acc* tile, const Acc* wts,
         const VA wv = VA::load(wts + (r * S + s) * kSlice);
 #pragma unroll
         for (int h = 0; h < kHt; ++h) {
-          const Acc* row = tile + ((tr + h * TR) * ah.stride + r * ah.dil) * ld + s * aw.dil * kSlice;
+          const Acc* row =
+              tile + ((tr + h * TR) * ah.stride + r * ah.dil) * ld + s * aw.dil * kSlice;
 #pragma unroll
           for (int i = 0; i < kWt; ++i)
             fma_vec(acc[h][i], VA::load(row + (tw0 + i) * aw.stride * kSlice), wv);
@@ -278,7 +317,7 @@ __device__ __forceinline__ void conv_accumulate(const Acc* tile, const Acc* wts,
 }
 
 // One block: one image, one (TH, TW) tile of destination positions, one channel slice.
-template <typename In, typename Out, int kS, int kSW, bool kTransposed>
+template <typename In, typename Out, int kS, int kSW, int kWt, bool kTransposed>
 __global__ void __launch_bounds__(kMaxThreads, 2)
 depthwise_conv_kernel(ConvGeom g, const In* __restrict__ src, const In* __restrict__ w,
                       Out* __restrict__ dst) {
@@ -310,14 +349,12 @@ depthwise_conv_kernel(ConvGeom g, const In* __restrict__ src, const In* __restri
     stage_tile(tile, img, g.src, t.h.src, t.w.src, r0, c0, t.h.span, t.w.span, t.pitch, d0,
                g.dst_c, j);
     for (int i = threadIdx.x; i < taps * kSlice; i += blockDim.x) {
-      const int tap = i / kSlice, d = d0 + i % kSlice;
-      wts[i] = d < g.dst_c
-                   ? Acc(to_acc(w[int64_t(g.flip ? taps - 1 - tap : tap) * g.K + d * g.src.chan_mul + j]))
-                   : Acc(0);
+      const int tap = g.flip ? taps - 1 - i / kSlice : i / kSlice, d = d0 + i % kSlice;
+      wts[i] = d < g.dst_c ? Acc(to_acc(w[int64_t(tap) * g.K + d * g.src.chan_mul + j])) : Acc(0);
     }
     __syncthreads();
-    conv_accumulate<kS, kSW, kTransposed>(tile + lane * V, wts + lane * V, t, e_h, e_w, tr, tw0,
-                                          acc);
+    conv_accumulate<kS, kSW, kWt, kTransposed>(tile + lane * V, wts + lane * V, t, e_h, e_w, tr,
+                                               tw0, acc);
   }
 
   const int dc = d0 + lane * V;
@@ -338,7 +375,7 @@ depthwise_conv_kernel(ConvGeom g, const In* __restrict__ src, const In* __restri
 
 // One block: a slab of work items (image, tile) of one channel slice; writes the slab's partial
 // dw (R*S, kSlice) to partial[blockIdx.x].
-template <typename In, int kS, int kSW>
+template <typename In, int kS, int kSW, int kWt>
 __global__ void __launch_bounds__(kMaxThreads, 2)
 depthwise_filter_kernel(FilterGeom g, const In* __restrict__ x, const In* __restrict__ dy,
                         dev_acc_t<In>* __restrict__ partial) {
@@ -496,23 +533,60 @@ void set_tile(Axis* a, int64_t tile, bool transposed) {
 int64_t acc_bytes(DType in) { return in == DType::kF64 ? 8 : 4; }
 int lanes_for(DType in) { return kSlice / int(16 / acc_bytes(in)); }
 
-// Which fast-path kernel an axis pair allows: (S, W stride), or (0, 0) for the generic one.
-std::pair<int, int> fast_window(const Axis& w) {
-  const bool fast = w.dil == 1 && ((w.stride == 1 && (w.taps == 3 || w.taps == 5 || w.taps == 7)) ||
-                                    (w.stride == 2 && (w.taps == 3 || w.taps == 5)));
-  return fast ? std::make_pair(w.taps, w.stride) : std::make_pair(0, 0);
+// A kernel variant: the fast path's filter width and W stride (0, 0: generic) and the
+// destination columns per thread (7 or 8: 7 covers the 112/56/28/14/7-wide images of ImageNet
+// networks without waste, 8 the power-of-two ones; 7 is compiled for the stride-1 fast path).
+struct Variant {
+  int S, SW, WT;
+};
+
+// The variants an axis allows (forward form; `fast` false: the generic kernel only).
+std::vector<Variant> variants(const Axis& w, bool fast) {
+  const bool s35 = w.taps == 3 || w.taps == 5;
+  if (fast && w.dil == 1 && w.stride == 1 && (s35 || w.taps == 7))
+    return {{w.taps, 1, 8}, {w.taps, 1, 7}};
+  if (fast && w.dil == 1 && w.stride == 2 && s35) return {{w.taps, 2, 8}};
+  return {{0, 0, 8}};
+}
+
+template <int N>
+using I = std::integral_constant<int, N>;
+
+// Calls f(kS, kSW, kWt) with integral constants for a variant.
+template <typename F>
+Status with_variant(const Variant& v, F&& f) {
+  switch ((v.S * 10 + v.SW) * 10 + v.WT) {  // 718: S 7, W stride 1, 8 columns
+    case 318: return f(I<3>{}, I<1>{}, I<8>{});
+    case 518: return f(I<5>{}, I<1>{}, I<8>{});
+    case 718: return f(I<7>{}, I<1>{}, I<8>{});
+    case 317: return f(I<3>{}, I<1>{}, I<7>{});
+    case 517: return f(I<5>{}, I<1>{}, I<7>{});
+    case 717: return f(I<7>{}, I<1>{}, I<7>{});
+    case 328: return f(I<3>{}, I<2>{}, I<8>{});
+    case 528: return f(I<5>{}, I<2>{}, I<8>{});
+    default: return f(I<0>{}, I<0>{}, I<8>{});
+  }
+}
+
+// Relative time of a tile: `threads` threads (a partial warp costs a whole one), every `unit`
+// of them computing `per_unit` destination positions, and `staged` source positions staged, a
+// staged position taken to cost a quarter of a computed one (a tunable guess).
+double tile_cost(int64_t threads, int64_t unit, double per_unit, int64_t staged) {
+  return double(ceil_div(threads, 32) * 32) / double(unit) * per_unit + 0.25 * double(staged);
 }
 
 struct ConvPlan {
   Support support = Support::Yes();
   ConvGeom g{};
+  Variant var{0, 0, 8};
   bool transposed = false;
   int threads = 0;
   int64_t smem = 0, blocks = 0;
 };
 
-// Picks the tile: WG column groups of kWt covering Q evenly (at most 8), then the most row
-// pairs TR (at most what fills kMaxThreads threads) whose shared memory fits the budget.
+// Picks the variant and tile at the least cost within the shared-memory budget: WG column
+// groups of WT covering the width evenly (at most 8), TR row pairs (at most kMaxThreads
+// threads).
 ConvPlan plan_conv(const Args& a) {
   ConvPlan pl;
   pl.support = check_problem(a);
@@ -522,7 +596,6 @@ ConvPlan plan_conv(const Args& a) {
   const int64_t Kg = p.Kg(), R = p.filt[1], S = p.filt[2];
   ConvGeom& g = pl.g;
   Tiling& t = g.t;
-  t.n = int(v.n);
   g.K = int(p.K);
   if (a.dir == Direction::kFwd) {
     t.h = make_axis(v.H, v.P, p.stride[1], p.rhs_dil[1], p.pad_lo[1], R);
@@ -544,47 +617,55 @@ ConvPlan plan_conv(const Args& a) {
     g.dst_c = int(p.C);
     g.passes = int(Kg);
   }
-  const int lanes = lanes_for(a.in), spatial = kMaxThreads / lanes;
-  const int64_t ab = acc_bytes(a.in);
-  const int64_t col_groups = ceil_div(t.w.dst, kWt), row_sets = ceil_div(t.h.dst, kHt);
-  auto smem_for = [&](int64_t WG, int64_t TR) {
+  const int64_t lanes = lanes_for(a.in), spatial = kMaxThreads / lanes;
+  const int64_t ab = acc_bytes(a.in), row_sets = ceil_div(t.h.dst, kHt);
+  auto smem_for = [&](int64_t WT, int64_t WG, int64_t TR) {
     set_tile(&t.h, TR * kHt, pl.transposed);
-    set_tile(&t.w, WG * kWt, pl.transposed);
+    set_tile(&t.w, WG * WT, pl.transposed);
     t.pitch = t.w.span | 1;
     return (int64_t(t.h.span) * t.pitch + R * S) * kSlice * ab;
   };
-  int64_t WG = 1, TR = 1;
-  for (int64_t wg_cap = std::min(8, spatial); wg_cap >= 1; --wg_cap) {
-    WG = balance(col_groups, wg_cap);
-    for (int64_t tr_cap = spatial / WG; tr_cap >= 1; tr_cap = TR - 1) {
-      TR = balance(row_sets, tr_cap);
-      if (smem_for(WG, TR) <= kSmemBudget) break;
+  // Kg > 1 bwd_data and the gather form take the generic kernel: only it loops over passes.
+  const std::vector<Variant> vars = variants(t.w, g.passes == 1 && !pl.transposed);
+  int64_t WG = 1, TR = 1;  // (and vars[0]) when no tile fits the budget
+  double best = -1;
+  pl.var = vars[0];
+  for (const Variant& var : vars)
+    for (int64_t wg_cap = 1; wg_cap <= std::min<int64_t>(8, spatial); ++wg_cap) {
+      const int64_t col_groups = ceil_div(t.w.dst, var.WT), wg = balance(col_groups, wg_cap);
+      for (int64_t tr = 1; tr <= std::max<int64_t>(1, std::min(spatial / wg, row_sets)); ++tr) {
+        if (smem_for(var.WT, wg, tr) > kSmemBudget) break;  // grows with tr
+        const double cost = double(ceil_div(row_sets, tr) * ceil_div(col_groups, wg)) *
+                            tile_cost(lanes * wg * tr, lanes, kHt * var.WT,
+                                      int64_t(t.h.span) * t.pitch);
+        if (best < 0 || cost <= best) best = cost, pl.var = var, WG = wg, TR = tr;
+      }
     }
-    if (smem_for(WG, TR) <= kSmemBudget) break;
-  }
-  pl.smem = smem_for(WG, TR);
+  pl.smem = smem_for(pl.var.WT, WG, TR);
   if (pl.smem > kSmemLimit)
-    return {Support::No("filter window too large for the shared-memory tile"), {}, false, 0, 0, 0};
+    return {Support::No("filter window too large for the shared-memory tile"), {}, {0, 0, 8},
+            false, 0, 0, 0};
   t.tiles_h = int(ceil_div(t.h.dst, t.h.tile));
   t.tiles_w = int(ceil_div(t.w.dst, t.w.tile));
   t.slices = int(ceil_div(g.dst_c, kSlice));
   pl.threads = int(lanes * WG * TR);
   pl.blocks = v.n * t.tiles_h * t.tiles_w * t.slices;
   if (pl.blocks >= (int64_t(1) << 31))
-    return {Support::No("too many tiles for one launch"), {}, false, 0, 0, 0};
+    return {Support::No("too many tiles for one launch"), {}, {0, 0, 8}, false, 0, 0, 0};
   return pl;
 }
 
 struct FilterPlan {
   Support support = Support::Yes();
   FilterGeom g{};
+  Variant var{0, 0, 8};
   int threads = 0;
   int64_t smem = 0, workspace = 0;
 };
 
-// Tile: WG column groups as for the convolution, then the most dy rows (at most 8) whose x
-// and dy tiles fit the budget. Threads: lanes x tasks x groups, groups dividing the tile's items
-// evenly. Slabs: about kFilterBlocks blocks in all.
+// Picks the variant and tile at the least cost within the budget: WG column groups as for the
+// convolution, TH dy rows (at most 16); threads: lanes x tasks x groups, the groups sharing the
+// tile's items evenly (idle item slots count in the cost). Slabs: about kFilterBlocks blocks.
 FilterPlan plan_filter(const Args& a) {
   FilterPlan pl;
   pl.support = check_problem(a);
@@ -594,73 +675,72 @@ FilterPlan plan_filter(const Args& a) {
   const int64_t R = p.filt[1], S = p.filt[2];
   FilterGeom& g = pl.g;
   Tiling& t = g.t;
-  t.n = int(v.n);
   t.h = make_axis(v.H, v.P, p.stride[1], p.rhs_dil[1], p.pad_lo[1], R);
   t.w = make_axis(v.W, v.Q, p.stride[2], p.rhs_dil[2], p.pad_lo[2], S);
   g.x = Source{int(p.C), 1, int(p.Kg()), false};
   g.dy = Source{int(p.K), 1, 1, false};
   g.K = int(p.K);
-  g.sgroups = fast_window(t.w).first > 0 ? 1 : int(ceil_div(S, kTapGroup));
+  const std::vector<Variant> vars = variants(t.w, true);
+  g.sgroups = vars[0].S > 0 ? 1 : int(ceil_div(S, kTapGroup));
   g.tasks = int(R) * g.sgroups;
-  const int lanes = lanes_for(a.in);
-  if (int64_t(g.tasks) * lanes > kMaxThreads)
+  const int64_t lanes = lanes_for(a.in);
+  if (g.tasks * lanes > kMaxThreads)
     return {Support::No("bwd_filter: filter too large (rows x tap groups of 8 > " +
-                        std::to_string(kMaxThreads / lanes) + ")"), {}, 0, 0, 0};
+                        std::to_string(kMaxThreads / lanes) + ")"), {}, {0, 0, 8}, 0, 0, 0};
   const int64_t ab = acc_bytes(a.in), taps = R * S;
-  const int64_t WG = balance(ceil_div(v.Q, kWt), 8);
-  set_tile(&t.w, WG * kWt, false);
-  t.pitch = t.w.span | 1;
-  g.pitch_dy = int(t.w.tile | 1);
   const int64_t group_cap = std::max<int64_t>(1, kMaxThreads / (lanes * g.tasks));
-  auto smem_for = [&](int64_t TH) {
+  auto smem_for = [&](int64_t WT, int64_t WG, int64_t TH) {
     set_tile(&t.h, TH, false);
+    set_tile(&t.w, WG * WT, false);
+    t.pitch = t.w.span | 1;
+    g.pitch_dy = t.w.tile | 1;
     g.groups = int(balance(TH * WG, group_cap));
     const int64_t tiles = int64_t(t.h.span) * t.pitch + TH * g.pitch_dy;
-    return std::max(tiles, int64_t(g.groups) * taps) * kSlice * ab;
+    return std::max(tiles, g.groups * taps) * kSlice * ab;
   };
-  int64_t TH = balance(v.P, 8);
-  while (TH > 1 && smem_for(TH) > kSmemBudget) TH = balance(v.P, TH - 1);
-  pl.smem = smem_for(TH);
+  int64_t WG = 1, TH = 1;  // (and vars[0]) when no tile fits the budget
+  double best = -1;
+  pl.var = vars[0];
+  for (const Variant& var : vars)
+    for (int64_t wg_cap = 1; wg_cap <= 8; ++wg_cap) {
+      const int64_t col_groups = ceil_div(v.Q, var.WT), wg = balance(col_groups, wg_cap);
+      for (int64_t th = 1; th <= std::min<int64_t>(16, std::max<int64_t>(1, v.P)); ++th) {
+        if (smem_for(var.WT, wg, th) > kSmemBudget) break;  // grows with th
+        const int64_t per_group = ceil_div(th * wg, g.groups);  // items, idle slots included
+        const double cost = double(ceil_div(v.P, th) * ceil_div(col_groups, wg)) *
+                            tile_cost(lanes * g.tasks * g.groups, lanes * g.tasks,
+                                      double(per_group * var.WT),
+                                      int64_t(t.h.span) * t.pitch + th * g.pitch_dy);
+        if (best < 0 || cost <= best) best = cost, pl.var = var, WG = wg, TH = th;
+      }
+    }
+  pl.smem = smem_for(pl.var.WT, WG, TH);
   if (pl.smem > kSmemLimit)
-    return {Support::No("filter window too large for the shared-memory tile"), {}, 0, 0, 0};
+    return {Support::No("filter window too large for the shared-memory tile"), {}, {0, 0, 8},
+            0, 0, 0};
   t.tiles_h = int(ceil_div(v.P, TH));
   t.tiles_w = int(ceil_div(v.Q, t.w.tile));
   t.slices = int(ceil_div(p.K, kSlice));
   const int64_t items = v.P == 0 || v.Q == 0 ? 0 : v.n * t.tiles_h * t.tiles_w;
   if (items >= (int64_t(1) << 31))
-    return {Support::No("too many tiles for one launch"), {}, 0, 0, 0};
+    return {Support::No("too many tiles for one launch"), {}, {0, 0, 8}, 0, 0, 0};
   g.items = int(items);
   g.chunks = int(std::min(items, std::max<int64_t>(1, kFilterBlocks / t.slices)));
-  pl.threads = lanes * g.tasks * g.groups;
+  pl.threads = int(lanes * g.tasks * g.groups);
   pl.workspace = int64_t(g.chunks) * t.slices * taps * kSlice * ab;
   return pl;
-}
-
-bool aligned16(const void* ptr) { return cuda::vec_aligned(ptr); }
-
-// Calls f(kS, kSW) as integral constants for the fast window, or (0, 0).
-template <typename F>
-Status with_window(std::pair<int, int> sw, F&& f) {
-  using std::integral_constant;
-  switch (sw.first * 10 + sw.second) {
-    case 31: return f(integral_constant<int, 3>{}, integral_constant<int, 1>{});
-    case 51: return f(integral_constant<int, 5>{}, integral_constant<int, 1>{});
-    case 71: return f(integral_constant<int, 7>{}, integral_constant<int, 1>{});
-    case 32: return f(integral_constant<int, 3>{}, integral_constant<int, 2>{});
-    case 52: return f(integral_constant<int, 5>{}, integral_constant<int, 2>{});
-    default: return f(integral_constant<int, 0>{}, integral_constant<int, 0>{});
-  }
 }
 
 template <typename Kernel, typename... KArgs>
 Status launch(Kernel kernel, const char* name, int64_t blocks, int threads, int64_t smem,
               cudaStream_t stream, KArgs... args) {
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(smem));
-    if (e != cudaSuccess)
-      return Status::Error(std::string("CUDA error in ") + name + ": " + cudaGetErrorString(e));
-  }
+  // Shared memory decides how many blocks an SM holds: take all of it from L1 (the kernels
+  // stage their reuse in shared memory themselves).
+  if (smem > 0 && (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem)) != cudaSuccess ||
+                   cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared) != cudaSuccess))
+    return cuda::check_launch(name);
   kernel<<<unsigned(blocks), threads, size_t(smem), stream>>>(args...);
   return cuda::check_launch(name);
 }
@@ -674,16 +754,17 @@ Status run_conv(const Args& a, const Buffers& b, cudaStream_t stream) {
   const auto* w = static_cast<const In*>(b.w);
   auto* dst = static_cast<Out*>(b.result);
   g.src.vec = g.src.chan_mul == 1 && g.src.chan_div == 1 && g.src.c % Vec<In>::kN == 0 &&
-              aligned16(src);
+              cuda::vec_aligned(src);
   constexpr int V = Vec<dev_acc_t<In>>::kN;
   g.vec_dst = g.dst_c % V == 0 && reinterpret_cast<uintptr_t>(dst) % (V * sizeof(Out)) == 0;
   const char* name = "conv depthwise_conv_kernel";
   if (pl.transposed)
-    return launch(depthwise_conv_kernel<In, Out, 0, 0, true>, name, pl.blocks, pl.threads,
+    return launch(depthwise_conv_kernel<In, Out, 0, 0, 8, true>, name, pl.blocks, pl.threads,
                   pl.smem, stream, g, src, w, dst);
-  return with_window(g.passes == 1 ? fast_window(g.t.w) : std::make_pair(0, 0), [&](auto kS, auto kSW) {
-    return launch(depthwise_conv_kernel<In, Out, decltype(kS)::value, decltype(kSW)::value, false>, name, pl.blocks,
-                  pl.threads, pl.smem, stream, g, src, w, dst);
+  return with_variant(pl.var, [&](auto kS, auto kSW, auto kWt) {
+    return launch(depthwise_conv_kernel<In, Out, decltype(kS)::value, decltype(kSW)::value,
+                                        decltype(kWt)::value, false>,
+                  name, pl.blocks, pl.threads, pl.smem, stream, g, src, w, dst);
   });
 }
 
@@ -697,11 +778,12 @@ Status run_filter(const Args& a, const Buffers& b, void* workspace, cudaStream_t
   const auto* x = static_cast<const In*>(b.x);
   const auto* dy = static_cast<const In*>(b.y);
   auto* partial = static_cast<Acc*>(workspace);
-  g.x.vec = g.x.chan_div == 1 && g.x.c % Vec<In>::kN == 0 && aligned16(x);
-  g.dy.vec = g.dy.c % Vec<In>::kN == 0 && aligned16(dy);
+  g.x.vec = g.x.chan_div == 1 && g.x.c % Vec<In>::kN == 0 && cuda::vec_aligned(x);
+  g.dy.vec = g.dy.c % Vec<In>::kN == 0 && cuda::vec_aligned(dy);
   if (g.chunks > 0) {
-    Status s = with_window(fast_window(g.t.w), [&](auto kS, auto kSW) {
-      return launch(depthwise_filter_kernel<In, decltype(kS)::value, decltype(kSW)::value>,
+    Status s = with_variant(pl.var, [&](auto kS, auto kSW, auto kWt) {
+      return launch(depthwise_filter_kernel<In, decltype(kS)::value, decltype(kSW)::value,
+                                            decltype(kWt)::value>,
                     "conv depthwise_filter_kernel", int64_t(g.chunks) * g.t.slices, pl.threads,
                     pl.smem, stream, g, x, dy, partial);
     });

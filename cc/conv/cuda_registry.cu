@@ -16,6 +16,7 @@ const std::vector<const CudaAlgorithm*>& cuda_algorithms() {
       &kCudaWinogradNonfused,
       &kCudaFft,
       &kCudaFftTiling,
+      &kCudaDepthwise,
   };
   return kAll;
 }

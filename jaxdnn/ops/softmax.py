@@ -127,8 +127,9 @@ _FIND_TOL = {np.dtype(jnp.float64): 1e-9, np.dtype(jnp.float32): 1e-5,
 
 
 def _reference(p: SoftmaxProblem, a, b):
-    """XLA's computation of what the kernel computes (find's oracle)."""
-    a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
+    """XLA's computation of what the kernel computes (find's oracle), in float32 or wider."""
+    wide = jnp.promote_types(p.dtype, jnp.float32)
+    a32, b32 = a.astype(wide), b.astype(wide)
     if p.op == "softmax" and p.direction == "fwd":
         return jax.nn.softmax(a32, axis=-1)
     if p.op == "log_softmax":
@@ -150,8 +151,8 @@ def _find(p: SoftmaxProblem, platform: str, repeats: int = 5) -> list[dict]:
     inputs = [tuple(jax.device_put(rng.standard_normal(shape).astype(p.dtype), dev)
                     for _ in range(2)) for _ in range(rotate)]
     if p.direction == "bwd" and p.op.startswith("log"):  # y is a log-probability there
-        inputs = [(jax.nn.log_softmax(a.astype(jnp.float32)).astype(p.dtype), b)
-                  for a, b in inputs]
+        inputs = [(jax.nn.log_softmax(a.astype(jnp.promote_types(p.dtype, jnp.float32)))
+                   .astype(p.dtype), b) for a, b in inputs]
     ref = np.asarray(_reference(p, *inputs[0]), np.float64)
     results = []
     for info in softmax_algorithms(p, platform):
