@@ -48,7 +48,8 @@ def conv_algorithms(spec, direction: str, in_dtype, out_dtype, platform: str) ->
     module = _ffi.module_for(platform)
     raw = module.conv_algorithms(DIRECTIONS.index(direction), spec.encode(), str(in_dtype),
                                  str(out_dtype), _num_threads(platform))
-    order = _heuristic_order(platform, direction, spec, [r for r in raw if r["supported"]])
+    order = _heuristic_order(platform, direction, spec, np.dtype(in_dtype),
+                             [r for r in raw if r["supported"]])
     rank = {name: i for i, name in enumerate(order)}
     infos = [AlgoInfo(name=r["name"], direction=direction, platform=platform,
                       supported=r["supported"], reason=r["reason"],
@@ -58,7 +59,8 @@ def conv_algorithms(spec, direction: str, in_dtype, out_dtype, platform: str) ->
     return sorted(infos, key=lambda a: (a.rank is None, a.rank or 0, a.name))
 
 
-def _heuristic_order(platform: str, direction: str, spec, supported: list[dict]) -> list[str]:
+def _heuristic_order(platform: str, direction: str, spec, dtype: np.dtype,
+                     supported: list[dict]) -> list[str]:
     """Names of the supported algorithms, best first.
 
     CPU (benchmarks/results/conv_cpu-*.md): im2col + blocked GEMM runs at 0.7-6x XLA:CPU on
@@ -76,29 +78,41 @@ def _heuristic_order(platform: str, direction: str, spec, supported: list[dict])
         if spec.macs() < 32 * 1024 or depthwise:
             preference = ["direct", "im2col_gemm"]
     else:
-        preference = _cuda_preference(direction, spec, depthwise)
+        preference = _cuda_preference(direction, spec, dtype, depthwise)
     ordered = [n for n in preference if n in names]
     return ordered + sorted(n for n in names if n not in ordered)
 
 
-def _cuda_preference(direction: str, spec, depthwise: bool) -> list[str]:
-    """GPU order (benchmarks/results/conv_gpu-*.md, H200):
-    - depthwise problems are memory-bound gathers: the specialised kernel first;
-    - tensor-core implicit GEMM otherwise: with precomputed offsets for fwd / bwd_data (the
-      table lookup beats per-chunk index arithmetic by 10-35% on the 3x3 layers); for
-      bwd_filter the split-K form, registered as supported only when the output has too few
-      tiles to fill the GPU twice (every bwd_filter of a CNN), and 5-20x faster then;
-    - im2col_gemm only where the implicit forms cannot chunk the channels (the 3-channel stem);
+def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> list[str]:
+    """GPU order, from benchmarks/results/conv_gpu-*.md (H200, ResNet-50 layers, N=64):
+    - depthwise problems are memory-bound gathers: the specialised kernel (1.1-24x XLA on
+      the 7x7 layer);
+    - float32 3x3 stride-1 layers without TF32 (precision HIGHEST): winograd_nonfused, whose
+      F(4x4,3x3) does 4x fewer multiplies on the SIMT units, runs 41-74 TFLOP/s against 17-31
+      for 3xTF32 on tensor cores (3 mmas per product); with TF32 allowed it still wins once
+      the layer has 256+ channels (14x14 and 7x7 stages: 59-66 vs 51-63);
+    - float32 without TF32 and filters of 5x5 and up, stride 1: the FFT (overlap-save tiles),
+      whose cost does not grow with the filter size;
+    - otherwise the tensor-core implicit GEMM with precomputed offsets (fwd, bwd_data, and
+      bwd_filter with its ordered split-K): the table lookup beats per-chunk index arithmetic
+      by 10-35% on the 3x3 layers, and the split reduction fills the GPU for bwd_filter;
+    - im2col_gemm where the implicit forms cannot chunk the channels (the 3-channel stem);
     - the direct kernel last: no reuse.
     """
     if depthwise:
         return ["depthwise", "direct"]
-    if direction == "bwd_filter":
-        return ["implicit_precomp_gemm", "implicit_gemm_splitk", "implicit_gemm", "im2col_gemm",
-                "implicit_gemm_splitk_atomic", "winograd_nonfused", "fft_tiling", "fft", "direct"]
-    return ["implicit_precomp_gemm", "implicit_gemm", "implicit_gemm_splitk", "im2col_gemm",
-            "winograd", "winograd_nonfused", "fft_tiling", "fft", "implicit_gemm_splitk_atomic",
-            "direct"]
+    t, r, s, cg, _ = spec.rhs_shape
+    stride1 = spec.stride == (1, 1, 1) and spec.rhs_dilation == (1, 1, 1) and \
+        spec.lhs_dilation == (1, 1, 1)
+    exact_f32 = dtype == np.float32 and not spec.tf32
+    first = []
+    if dtype == np.float32 and stride1 and (t, r, s) == (1, 3, 3) and (exact_f32 or cg >= 256):
+        first = ["winograd_nonfused"]
+    elif exact_f32 and stride1 and t == 1 and min(r, s) >= 5:
+        first = ["fft_tiling", "fft"]
+    gemm = ["implicit_precomp_gemm", "implicit_gemm", "implicit_gemm_splitk", "im2col_gemm"]
+    return first + gemm + ["winograd_nonfused", "winograd", "fft_tiling", "fft",
+                           "implicit_gemm_splitk_atomic", "direct"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -82,7 +83,11 @@ def test_cnn_reaches_97_percent_on_digits(tmp_path):
 
 def test_compare_lax_losses_agree():
     out = train_cnn.main(["--compare-lax", "--compare-steps", "50", "--no-progress"])
-    assert out["relative_loss_difference"] < 1e-4
+    # On the CPU both sides compute float32 convolutions exactly (0 to 7e-5 across seeds). On
+    # the GPU jaxdnn's GEMM algorithms use 3xTF32 (each product ~1e-6 relative off cuDNN's
+    # float32), and 50 steps of training amplify that to 1.7e-4 (H200, 2026-11-29).
+    tol = 1e-4 if jax.default_backend() == "cpu" else 5e-4
+    assert out["relative_loss_difference"] < tol
 
 
 def test_mlp_and_bfloat16_run():
