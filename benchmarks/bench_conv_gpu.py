@@ -9,11 +9,16 @@ kernel runs). float32 runs at lax's default precision (TF32 on both sides).
 
     python benchmarks/bench_conv_gpu.py [--batch 64] [--dtypes bfloat16,float32]
         [--layers 1,3] [--dirs fwd] [--algos] [--first-trace]
+
+The heuristic is a pure function of the problem, so `--rescore results/conv_gpu-....json`
+recomputes the heuristic's columns from the per-algorithm times of an `--algos` run with the
+current heuristic (no GPU needed), keeping the measurements and their environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -93,9 +98,7 @@ def bench_layer(layer, batch, dtype_name, directions, repeats, all_algos):
         return tuple(jnp.asarray(rng.standard_normal(s), dtype) for s in (xs, ws, ys))
 
     inputs = rotating_inputs(make, rotation_for(int(nbytes)))
-    problems = {p.direction: p for p in jaxdnn.conv_problems(
-        lambda x, w, dy: jax.vjp(conv_fns(stride, pad, groups, None, precision)[0], x, w)[1](dy),
-        *inputs[0])}
+    problems = layer_problems(layer, batch, dtype_name)
     rows = []
     for d in directions:
         infos = [a for a in jaxdnn.conv_algorithms(problems[d], "cuda") if a.supported]
@@ -114,22 +117,48 @@ def bench_layer(layer, batch, dtype_name, directions, repeats, all_algos):
                 print(f"  {name} {d} {algo}: FAILED {type(e).__name__}: {str(e)[:200]}")
         if heuristic not in times:
             continue
-        best = min(times, key=times.get)
-        row = {
-            "layer": name, "dtype": dtype_name, "dir": d,
-            "XLA TFLOP/s": flops / t_xla / 1e12,
-            "jaxdnn TFLOP/s": flops / times[heuristic] / 1e12,
-            "ratio": t_xla / times[heuristic],
-            "heuristic": heuristic,
-            "best": best, "best TFLOP/s": flops / times[best] / 1e12,
-            "within 10%": "yes" if times[heuristic] <= 1.1 * times[best] else "NO",
-            "algos": {a: flops / t / 1e12 for a, t in times.items()},
-        }
+        row = score({"layer": name, "dtype": dtype_name, "dir": d,
+                     "XLA TFLOP/s": flops / t_xla / 1e12,
+                     "algos": {a: flops / t / 1e12 for a, t in times.items()}}, heuristic)
         rows.append(row)
         print(f"{name:16s} {row['dtype']:8s} {d:10s} XLA {row['XLA TFLOP/s']:7.1f}  jaxdnn "
               f"{row['jaxdnn TFLOP/s']:7.1f} ({heuristic})  ratio {row['ratio']:.2f}  "
               + "  ".join(f"{a}={v:.1f}" for a, v in row["algos"].items()), flush=True)
     return rows
+
+
+def layer_problems(layer, batch, dtype_name):
+    """{direction: ConvProblem} of a layer (traced from shapes only: no device needed)."""
+    _, _, _, _, _, stride, pad, groups = layer
+    dtype, _, precision = dtype_name.partition(":")
+    sds = [jax.ShapeDtypeStruct(s, jnp.dtype(dtype)) for s in layer_shapes(layer, batch)]
+    ours = conv_fns(stride, pad, groups, None, precision or None)[0]
+    return {p.direction: p for p in jaxdnn.conv_problems(
+        lambda x, w, dy: jax.vjp(ours, x, w)[1](dy), *sds)}
+
+
+def score(row, heuristic):
+    """Fills a row's heuristic columns from its per-algorithm TFLOP/s (`row["algos"]`)."""
+    tf = row["algos"]
+    best = max(tf, key=tf.get)
+    row.update({"jaxdnn TFLOP/s": tf[heuristic], "ratio": tf[heuristic] / row["XLA TFLOP/s"],
+                "heuristic": heuristic, "best": best, "best TFLOP/s": tf[best],
+                "within 10%": "yes" if tf[best] <= 1.1 * tf[heuristic] else "NO"})
+    return row
+
+
+def rescore(path, batch):
+    """Rows of an `--algos` results file, re-scored with the current heuristic."""
+    with open(path) as f:
+        data = json.load(f)
+    rows = []
+    for r in data["rows"]:
+        if "algos" not in r:
+            continue  # a summary row
+        layer = next(lay for lay in LAYERS if lay[0] == r["layer"])
+        infos = jaxdnn.conv_algorithms(layer_problems(layer, batch, r["dtype"])[r["dir"]], "cuda")
+        rows.append(score(r, next(a.name for a in infos if a.supported)))
+    return rows, data["environment"]
 
 
 def first_trace_cost(batch):
@@ -173,22 +202,35 @@ def main():
     parser.add_argument("--algos", action="store_true", help="time every supported algorithm")
     parser.add_argument("--first-trace", action="store_true")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--rescore", default="", help="an --algos results .json to re-score")
     args = parser.parse_args()
     layers = LAYERS if not args.layers else [LAYERS[int(i) - 1] for i in args.layers.split(",")]
     directions = tuple(args.dirs.split(","))
-    rows = []
-    for dtype in args.dtypes.split(","):
-        for layer in layers:
-            rows += bench_layer(layer, args.batch, dtype, directions, args.repeats, args.algos)
+    rows, env, extra = [], None, ""
+    if args.rescore:
+        rows, env = rescore(args.rescore, args.batch)
+        args.algos = True
+        with open(args.rescore) as f:
+            old_notes = json.load(f).get("notes", "")
+        first_trace = old_notes[old_notes.find(" First trace"):] if "First trace" in old_notes \
+            else ""
+        extra = (" Heuristic columns re-scored (--rescore) from the measured per-algorithm "
+                 "times with the current heuristic." + first_trace)
+    else:
+        for dtype in args.dtypes.split(","):
+            for layer in layers:
+                rows += bench_layer(layer, args.batch, dtype, directions, args.repeats,
+                                    args.algos)
     summary = []
-    for dtype in args.dtypes.split(","):
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
         for d in directions:
             sel = [r for r in rows if r["dtype"] == dtype and r["dir"] == d]
             resnet = [r for r in sel if in_resnet(r["layer"])]
             summary.append({"layer": "geomean (ResNet-50)", "dtype": dtype, "dir": d,
                             "ratio": geomean([r["ratio"] for r in resnet])})
     hits = [r["within 10%"] == "yes" for r in rows if in_resnet(r["layer"])]
-    notes = (f"N={args.batch}, NHWC, float32 at default precision (TF32 allowed on both sides). "
+    notes = (f"N={args.batch}, NHWC; float32 = default precision (TF32 allowed on both sides), "
+             "float32:highest = HIGHEST on both sides (exact float32). "
              "ratio = XLA time / jaxdnn time with the heuristic's algorithm (> 1: jaxdnn "
              "faster); best = fastest jaxdnn algorithm measured.")
     if args.algos and hits:
@@ -198,6 +240,7 @@ def main():
         cost = first_trace_cost(args.batch)
         notes += " First trace+compile of 3 layers' fwd+bwd (s): " + ", ".join(
             f"{k} {v:.2f}" for k, v in cost.items()) + "."
+    notes += extra
     print(notes)
     for s in summary:
         print(f"geomean {s['dtype']:8s} {s['dir']:10s} {s['ratio']:.2f}")
@@ -205,7 +248,7 @@ def main():
         return
     write_results("conv_gpu", rows + summary,
                   ["layer", "dtype", "dir", "XLA TFLOP/s", "jaxdnn TFLOP/s", "ratio", "heuristic",
-                   "best", "best TFLOP/s", "within 10%"], notes=notes)
+                   "best", "best TFLOP/s", "within 10%"], notes=notes, env=env)
 
 
 if __name__ == "__main__":

@@ -83,10 +83,11 @@ def environment() -> dict:
 
 
 def write_results(name: str, rows: list[dict], columns: Sequence[str], *, notes: str = "",
-                  out_dir: str | None = None) -> str:
-    """Writes `rows` as a markdown table (with the environment) and JSON next to it under
-    benchmarks/results/, and prints the table. Returns the markdown path."""
-    env = environment()
+                  out_dir: str | None = None, env: dict | None = None) -> str:
+    """Writes `rows` as a markdown table (with the environment: this machine's, or `env` for
+    results measured elsewhere) and JSON next to it under benchmarks/results/, and prints the
+    table. Returns the markdown path."""
+    env = env or environment()
     out_dir = out_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     os.makedirs(out_dir, exist_ok=True)
     slug = env["device"].replace(" ", "_").replace("/", "_")
@@ -104,7 +105,7 @@ def write_results(name: str, rows: list[dict], columns: Sequence[str], *, notes:
     with open(base + ".md", "w") as f:
         f.write(text)
     with open(base + ".json", "w") as f:
-        json.dump({"environment": env, "rows": rows}, f, indent=1, default=str)
+        json.dump({"environment": env, "notes": notes, "rows": rows}, f, indent=1, default=str)
     print(text)
     return base + ".md"
 

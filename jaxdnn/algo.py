@@ -79,7 +79,7 @@ def _heuristic_order(platform: str, direction: str, spec, dtype: np.dtype,
             preference = ["direct", "im2col_gemm"]
     else:
         preference = _cuda_preference(direction, spec, dtype, depthwise)
-    ordered = [n for n in preference if n in names]
+    ordered = [n for n in dict.fromkeys(preference) if n in names]  # first mention wins
     return ordered + sorted(n for n in names if n not in ordered)
 
 
@@ -88,11 +88,12 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
     - depthwise problems are memory-bound gathers: the specialised kernel (1.1-24x XLA on
       the 7x7 layer);
     - float32 3x3 stride-1 layers without TF32 (precision HIGHEST): winograd_nonfused, whose
-      F(4x4,3x3) does 4x fewer multiplies on the SIMT units, runs 41-74 TFLOP/s against 17-31
+      F(4x4,3x3) does 4x fewer multiplies on the SIMT units, runs 37-68 TFLOP/s against 17-31
       for 3xTF32 on tensor cores (3 mmas per product); with TF32 allowed it still wins once
-      the layer has 256+ channels (14x14 and 7x7 stages: 59-66 vs 51-63);
-    - float32 without TF32 and filters of 5x5 and up, stride 1: the FFT (overlap-save tiles),
-      whose cost does not grow with the filter size;
+      the layer has 256+ channels (128+ for bwd_filter), e.g. 50 vs 34 TFLOP/s;
+    - 7x7 stride-1 filters (5x5 in exact float32): the FFT, whose cost does not grow with the
+      filter: 118-191 TFLOP/s-equivalent against 20-185 for the GEMMs, in every dtype (it
+      computes in float32, so 16-bit inputs lose nothing);
     - otherwise the tensor-core implicit GEMM with precomputed offsets (fwd, bwd_data, and
       bwd_filter with its ordered split-K): the table lookup beats per-chunk index arithmetic
       by 10-35% on the 3x3 layers, and the split reduction fills the GPU for bwd_filter;
@@ -106,13 +107,14 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
         spec.lhs_dilation == (1, 1, 1)
     exact_f32 = dtype == np.float32 and not spec.tf32
     first = []
-    if dtype == np.float32 and stride1 and (t, r, s) == (1, 3, 3) and (exact_f32 or cg >= 256):
+    wide = cg >= (128 if direction == "bwd_filter" else 256)
+    if dtype == np.float32 and stride1 and (t, r, s) == (1, 3, 3) and (exact_f32 or wide):
         first = ["winograd_nonfused"]
-    elif exact_f32 and stride1 and t == 1 and min(r, s) >= 5:
-        first = ["fft_tiling", "fft"]
-    gemm = ["implicit_precomp_gemm", "implicit_gemm", "implicit_gemm_splitk", "im2col_gemm"]
-    return first + gemm + ["winograd_nonfused", "winograd", "fft_tiling", "fft",
-                           "implicit_gemm_splitk_atomic", "direct"]
+    elif stride1 and t == 1 and (min(r, s) >= 7 or (exact_f32 and min(r, s) >= 5)):
+        first = ["fft", "fft_tiling"]
+    return first + ["implicit_precomp_gemm", "implicit_gemm", "implicit_gemm_splitk",
+                    "im2col_gemm", "winograd_nonfused", "winograd", "fft_tiling", "fft",
+                    "implicit_gemm_splitk_atomic", "direct"]
 
 
 @dataclasses.dataclass(frozen=True)
