@@ -28,7 +28,8 @@
 // its instructions are FFMA; the rest loads, transforms and addresses). At ~63% of the 67
 // TFLOP/s FMA peak: 56x56, 28x28 and 14x14 are 3.3 G FMA each, ~156 us, ~95 effective TFLOP/s
 // (2*N*P*Q*K*C*9 / time); 7x7 is 4.3 G FMA (4x4 tiles of 2x2 cover 8x8: 31% waste), ~205 us,
-// ~72. Measured: see dev/drivers/winograd_check.cu (not yet run on a GPU).
+// ~72. Measured (H200, float32): 32 / 42 / 46 / 42 at 56 / 28 / 14 / 7, 35-50% of the
+// prediction; winograd_nonfused beats it on every layer (benchmarks/results/conv_gpu-*).
 // Numerics: transforms and accumulation in float32 (float16/bfloat16 converted on load); the
 // filter transform in double. Deterministic: fixed summation order, no atomics.
 
