@@ -209,6 +209,18 @@ def test_im2col_workspace_is_exact():
 
 
 @needs_cuda_module
+def test_im2col_bwd_filter_splits_the_reduction():
+    """ResNet-50's stem at N=64 (bf16): bwd_filter is a 147x64 GEMM over 64*112*112 pixels, two
+    output tiles; im2col_gemm splits its 12544 k-slices into 131 ranges of 96 and adds one
+    float partial filter per range after the 152-column patch matrix."""
+    infos, _ = _infos((64, 224, 224, 3), (7, 7, 3, 64),
+                      dict(window_strides=(2, 2), padding=((3, 3), (3, 3))), jnp.bfloat16,
+                      direction="bwd_filter")
+    patches = 64 * 112 * 112 * 152 * 2
+    assert infos["im2col_gemm"].workspace_bytes == patches + 131 * 147 * 64 * 4
+
+
+@needs_cuda_module
 def test_gemm_algorithms_report_reasons_and_workspaces():
     kw = dict(window_strides=(1, 1), padding="SAME")
     infos, _ = _infos((2, 8, 8, 3), (3, 3, 3, 16), kw)

@@ -8,8 +8,9 @@
 //   fwd         [N*Z*P*Q][T*R*S*Cg] patches of x               patches  x  w
 //   bwd_data    [N*D*H*W][T*R*S*Kg] patches of dy (gathered)   patches  x  w^T
 //   bwd_filter  [N*Z*P*Q][T*R*S*Cg] patches of x               patches^T x dy
-// Workspace = G * rows * round_up(cols, 16 bytes) * sizeof(T); e.g. N=32, 224x224x3, 7x7,
-// stride 1, SAME, float32: 32*224*224 rows * 148 cols * 4 B = 950,534,144 bytes.
+// Workspace = G * rows * round_up(cols, 16 bytes) * sizeof(T) (rounded up to 256 bytes), plus
+// bwd_filter's split-K partials; e.g. fwd with N=32, 224x224x3, 7x7, stride 1, SAME, float32:
+// 32*224*224 rows * 148 cols * 4 B = 950,534,144 bytes.
 
 #include "cc/conv/cuda_gemm_conv.cuh"
 
@@ -68,10 +69,20 @@ Support supports(const Args& a) {
   return Support::Yes();
 }
 
-int64_t workspace_bytes(const Args& a) {
-  const Patches pm = patches_of(a);
-  return a.p.G * pm.rows * pm.ld * elem_bytes(a.in);
+// bwd_filter reduces over every output pixel into a filter-sized result, so it runs split-K
+// with an ordered reduction of the partial sums when that gives more than one split (the
+// 3-channel stem has 2 output tiles for 64*112*112 pixels).
+Reduce reduce_of(const Args& a) {
+  return a.dir == Direction::kBwdFilter && split_plan(a).splits > 1 ? Reduce::kOrdered
+                                                                    : Reduce::kNone;
 }
+
+int64_t patch_bytes(const Args& a) {
+  const Patches pm = patches_of(a);
+  return (a.p.G * pm.rows * pm.ld * elem_bytes(a.in) + 255) / 256 * 256;
+}
+
+int64_t workspace_bytes(const Args& a) { return patch_bytes(a) + reduce_workspace(a, reduce_of(a)); }
 
 template <Mode kMode>
 Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
@@ -116,7 +127,8 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
         using BL = PlainMn<T, C::BN, C::kThreads>;
         const MatrixParams<T> at{patches, pm.ld, int(pm.rows), int(pm.cols), pm.rows * pm.ld};
         const typename BL::Params bp{y, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
-        return launch<kMode, C, AL, BL>(a, at, bp, b.result, Reduce::kNone, nullptr, stream,
+        return launch<kMode, C, AL, BL>(a, at, bp, b.result, reduce_of(a),
+                                        static_cast<char*>(ws) + patch_bytes(a), stream,
                                         "conv im2col_gemm bwd_filter gemm_kernel", s.Kd);
       }
     }
