@@ -37,6 +37,9 @@ extern const CudaAlgorithm kCudaDepthwise;  // cuda_depthwise.cu: groups == C
 
 const std::vector<const CudaAlgorithm*>& cuda_algorithms();
 
+// Pieces of a workspace start on 256-byte boundaries (the alignment XLA gives the whole).
+inline int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
 // cuda_find.cu: runs `alg` on a problem `repeats` times on buffers and a stream of its own,
 // appending each run's device time (CUDA events, milliseconds) to *ms.
 Status time_cuda_algorithm(const CudaAlgorithm& alg, const Args& a, int repeats,

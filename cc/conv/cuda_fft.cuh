@@ -583,8 +583,6 @@ struct Plan {
   int64_t workspace = 0;
 };
 
-inline int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
-
 // Transform block: kPairs channel pairs, as many as fit kPairSmemBudget (and as the channels).
 inline int pick_pairs(const Fft2d& f, int64_t B) {
   if (B > 6 && transform_smem<4>(f) <= kPairSmemBudget) return 4;

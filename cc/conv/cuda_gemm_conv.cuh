@@ -142,6 +142,13 @@ inline Support split_support(const Args& a, Reduce r) {
   return Support::Yes();
 }
 
+// bwd_filter reduces over every output pixel into a filter-sized result: the workspace-using
+// algorithms (tables, patch matrix) always split it, ordered, when that gives several splits.
+inline Reduce filter_split(const Args& a) {
+  return a.dir == Direction::kBwdFilter && split_plan(a).splits > 1 ? Reduce::kOrdered
+                                                                    : Reduce::kNone;
+}
+
 // Workspace of the result path: ordered partials for every split, or one float accumulator.
 inline int64_t reduce_workspace(const Args& a, Reduce r) {
   switch (r) {

@@ -44,15 +44,21 @@ template <> struct ModeTraits<Mode::k3xTf32> { using T = float; };
 constexpr int kSliceBytes = 128;  // bytes of the reduction per pipeline stage and row
 constexpr int kChunk = 16;       // bytes per cp.async
 
+// Elements of T per 16-byte chunk and per k-slice.
+template <typename T>
+struct Elems {
+  static constexpr int kEpc = kChunk / int(sizeof(T));
+  static constexpr int kBK = kSliceBytes / int(sizeof(T));
+};
+
 // CTA tile (BM, BN) of C, warp tile (WM, WN), STAGES-deep pipeline; T the element type.
 template <typename T, int BM_, int BN_, int WM_, int WN_, int STAGES_>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, STAGES = STAGES_;
   static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  static constexpr int kEpc = kChunk / int(sizeof(T));        // elements per 16-byte chunk
-  static constexpr int BK = kSliceBytes / int(sizeof(T));     // reduction elements per stage
-  static constexpr int kStep = 2 * kEpc;                      // k per mma (32 bytes)
+  static constexpr int BK = Elems<T>::kBK;                    // reduction elements per stage
+  static constexpr int kStep = 2 * Elems<T>::kEpc;            // k per mma (32 bytes)
   static constexpr int kMi = WM / 16, kNi = WN / 8;           // mma blocks per warp
   static constexpr int kStageBytes = (BM + BN) * kSliceBytes;
   static constexpr int kSmemBytes = STAGES * kStageBytes;

@@ -122,12 +122,6 @@ struct PixelCursor {
   }
 };
 
-template <typename T>
-struct Elems {
-  static constexpr int kEpc = kChunk / int(sizeof(T));       // elements per chunk
-  static constexpr int kBK = kSliceBytes / int(sizeof(T));   // elements per k-slice
-};
-
 // A of fwd (x gathered: rows = output pixels, k = (tap, c in Cg)) and of bwd_data (dy
 // gathered: rows = input pixels, k = (tap, k in Kg)).
 template <typename T, Direction kDir, int BMN, int THREADS>

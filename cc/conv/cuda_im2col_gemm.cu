@@ -69,20 +69,16 @@ Support supports(const Args& a) {
   return Support::Yes();
 }
 
-// bwd_filter reduces over every output pixel into a filter-sized result, so it runs split-K
-// with an ordered reduction of the partial sums when that gives more than one split (the
-// 3-channel stem has 2 output tiles for 64*112*112 pixels).
-Reduce reduce_of(const Args& a) {
-  return a.dir == Direction::kBwdFilter && split_plan(a).splits > 1 ? Reduce::kOrdered
-                                                                    : Reduce::kNone;
-}
-
+// bwd_filter splits its reduction (filter_split; the 3-channel stem has 2 output tiles for
+// 64*112*112 pixels); the partials follow the patch matrix.
 int64_t patch_bytes(const Args& a) {
   const Patches pm = patches_of(a);
-  return (a.p.G * pm.rows * pm.ld * elem_bytes(a.in) + 255) / 256 * 256;
+  return align256(a.p.G * pm.rows * pm.ld * elem_bytes(a.in));
 }
 
-int64_t workspace_bytes(const Args& a) { return patch_bytes(a) + reduce_workspace(a, reduce_of(a)); }
+int64_t workspace_bytes(const Args& a) {
+  return patch_bytes(a) + reduce_workspace(a, filter_split(a));
+}
 
 template <Mode kMode>
 Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
@@ -127,7 +123,7 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
         using BL = PlainMn<T, C::BN, C::kThreads>;
         const MatrixParams<T> at{patches, pm.ld, int(pm.rows), int(pm.cols), pm.rows * pm.ld};
         const typename BL::Params bp{y, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
-        return launch<kMode, C, AL, BL>(a, at, bp, b.result, reduce_of(a),
+        return launch<kMode, C, AL, BL>(a, at, bp, b.result, filter_split(a),
                                         static_cast<char*>(ws) + patch_bytes(a), stream,
                                         "conv im2col_gemm bwd_filter gemm_kernel", s.Kd);
       }

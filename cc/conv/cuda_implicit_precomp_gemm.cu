@@ -36,12 +36,7 @@ int64_t table_rows(const Args& a) {
 }
 
 int64_t table_bytes(const Args& a) {
-  return (table_rows(a) * a.p.filt_spatial() * int64_t(sizeof(int)) + 255) / 256 * 256;
-}
-
-Reduce reduce_of(const Args& a) {
-  return a.dir == Direction::kBwdFilter && split_plan(a).splits > 1 ? Reduce::kOrdered
-                                                                    : Reduce::kNone;
+  return align256(table_rows(a) * a.p.filt_spatial() * int64_t(sizeof(int)));
 }
 
 Support supports(const Args& a) {
@@ -50,7 +45,9 @@ Support supports(const Args& a) {
   return channel_support(a);
 }
 
-int64_t workspace_bytes(const Args& a) { return table_bytes(a) + reduce_workspace(a, reduce_of(a)); }
+int64_t workspace_bytes(const Args& a) {
+  return table_bytes(a) + reduce_workspace(a, filter_split(a));
+}
 
 template <Mode kMode>
 Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
@@ -96,7 +93,7 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
         using BL = PlainMn<T, C::BN, C::kThreads>;
         const typename AL::Params ap{x, table, geo.taps(), int(s.M), int(s.Kd), geo.Cg};
         const typename BL::Params bp{y, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
-        return launch<kMode, C, AL, BL>(a, ap, bp, b.result, reduce_of(a), partials, stream,
+        return launch<kMode, C, AL, BL>(a, ap, bp, b.result, filter_split(a), partials, stream,
                                         "conv implicit_precomp_gemm bwd_filter gemm_kernel");
       }
     }

@@ -29,8 +29,8 @@ struct HandlerRegistrar {
 #define JAXDNN_CONCAT_INNER(a, b) a##b
 #define JAXDNN_CONCAT(a, b) JAXDNN_CONCAT_INNER(a, b)
 #define JAXDNN_REGISTER_CPU_HANDLER(name, handler)                                 \
-  static ::jaxdnn::ffi_util::HandlerRegistrar JAXDNN_CONCAT(jaxdnn_reg_, __LINE__)( \
+  static ::jaxdnn::ffi_util::HandlerRegistrar JAXDNN_CONCAT(jaxdnn_reg_, __COUNTER__)( \
       ::jaxdnn::ffi_util::cpu_handlers, name, handler)
 #define JAXDNN_REGISTER_CUDA_HANDLER(name, handler)                                \
-  static ::jaxdnn::ffi_util::HandlerRegistrar JAXDNN_CONCAT(jaxdnn_reg_, __LINE__)( \
+  static ::jaxdnn::ffi_util::HandlerRegistrar JAXDNN_CONCAT(jaxdnn_reg_, __COUNTER__)( \
       ::jaxdnn::ffi_util::cuda_handlers, name, handler)

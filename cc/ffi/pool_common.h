@@ -126,3 +126,13 @@ inline ffi::Error decode_pool_call(pool::Op op, const ffi::RemainingArgs& args,
 }
 
 }  // namespace jaxdnn::ffi_util
+
+// The pooling custom-call targets, one X(Name, op, "target") per kernel: each platform's
+// handler file instantiates its handlers from this one list.
+#define JAXDNN_POOL_TARGETS(X)                                    \
+  X(MaxFwd, pool::Op::kMaxFwd, "jaxdnn_pool_max_fwd")             \
+  X(MaxFwdIndex, pool::Op::kMaxFwdIndex, "jaxdnn_pool_max_fwd_index") \
+  X(MaxGather, pool::Op::kMaxGather, "jaxdnn_pool_max_gather")    \
+  X(MaxScatter, pool::Op::kMaxScatter, "jaxdnn_pool_max_scatter") \
+  X(AvgFwd, pool::Op::kAvgFwd, "jaxdnn_pool_avg_fwd")             \
+  X(AvgBwd, pool::Op::kAvgBwd, "jaxdnn_pool_avg_bwd")

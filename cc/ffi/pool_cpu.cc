@@ -23,15 +23,10 @@ ffi::Error PoolCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remaining
 
 }  // namespace
 
-#define JAXDNN_POOL_CPU_HANDLER(handler, op, target)                                    \
-  XLA_FFI_DEFINE_HANDLER(handler, PoolCpu<op>,                                          \
+#define JAXDNN_POOL_CPU_HANDLER(name, op, target)                                       \
+  XLA_FFI_DEFINE_HANDLER(kPool##name##Cpu, PoolCpu<op>,                                  \
                          bind_pool(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));           \
-  JAXDNN_REGISTER_CPU_HANDLER(target, handler)
-JAXDNN_POOL_CPU_HANDLER(kPoolMaxFwdCpu, pool::Op::kMaxFwd, "jaxdnn_pool_max_fwd");
-JAXDNN_POOL_CPU_HANDLER(kPoolMaxFwdIndexCpu, pool::Op::kMaxFwdIndex, "jaxdnn_pool_max_fwd_index");
-JAXDNN_POOL_CPU_HANDLER(kPoolMaxGatherCpu, pool::Op::kMaxGather, "jaxdnn_pool_max_gather");
-JAXDNN_POOL_CPU_HANDLER(kPoolMaxScatterCpu, pool::Op::kMaxScatter, "jaxdnn_pool_max_scatter");
-JAXDNN_POOL_CPU_HANDLER(kPoolAvgFwdCpu, pool::Op::kAvgFwd, "jaxdnn_pool_avg_fwd");
-JAXDNN_POOL_CPU_HANDLER(kPoolAvgBwdCpu, pool::Op::kAvgBwd, "jaxdnn_pool_avg_bwd");
+  JAXDNN_REGISTER_CPU_HANDLER(target, kPool##name##Cpu);
+JAXDNN_POOL_TARGETS(JAXDNN_POOL_CPU_HANDLER)
 
 }  // namespace jaxdnn::ffi_util

@@ -27,16 +27,11 @@ ffi::Error PoolCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaining
 
 }  // namespace
 
-#define JAXDNN_POOL_CUDA_HANDLER(handler, op, target)                                  \
-  XLA_FFI_DEFINE_HANDLER(handler, PoolCuda<op>,                                        \
+#define JAXDNN_POOL_CUDA_HANDLER(name, op, target)                                      \
+  XLA_FFI_DEFINE_HANDLER(kPool##name##Cuda, PoolCuda<op>,                                \
                          bind_pool(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()), \
-                         {ffi::Traits::kCmdBufferCompatible});                         \
-  JAXDNN_REGISTER_CUDA_HANDLER(target, handler)
-JAXDNN_POOL_CUDA_HANDLER(kPoolMaxFwdCuda, pool::Op::kMaxFwd, "jaxdnn_pool_max_fwd");
-JAXDNN_POOL_CUDA_HANDLER(kPoolMaxFwdIndexCuda, pool::Op::kMaxFwdIndex, "jaxdnn_pool_max_fwd_index");
-JAXDNN_POOL_CUDA_HANDLER(kPoolMaxGatherCuda, pool::Op::kMaxGather, "jaxdnn_pool_max_gather");
-JAXDNN_POOL_CUDA_HANDLER(kPoolMaxScatterCuda, pool::Op::kMaxScatter, "jaxdnn_pool_max_scatter");
-JAXDNN_POOL_CUDA_HANDLER(kPoolAvgFwdCuda, pool::Op::kAvgFwd, "jaxdnn_pool_avg_fwd");
-JAXDNN_POOL_CUDA_HANDLER(kPoolAvgBwdCuda, pool::Op::kAvgBwd, "jaxdnn_pool_avg_bwd");
+                         {ffi::Traits::kCmdBufferCompatible});                          \
+  JAXDNN_REGISTER_CUDA_HANDLER(target, kPool##name##Cuda);
+JAXDNN_POOL_TARGETS(JAXDNN_POOL_CUDA_HANDLER)
 
 }  // namespace jaxdnn::ffi_util
