@@ -97,7 +97,9 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
     - otherwise the tensor-core implicit GEMM with precomputed offsets (fwd, bwd_data, and
       bwd_filter with its ordered split-K): the table lookup beats per-chunk index arithmetic
       by 10-35% on the 3x3 layers, and the split reduction fills the GPU for bwd_filter;
-    - im2col_gemm where the implicit forms cannot chunk the channels (the 3-channel stem);
+    - channels per group not a multiple of 8 (the 3-channel stem): implicit_gemm, which
+      pads them to 8 in its workspace (fwd; bwd_filter with split-K, the filter being only a
+      few output tiles), ahead of im2col_gemm's patch matrix;
     - the direct kernel last: no reuse.
     """
     if depthwise:
@@ -112,6 +114,8 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
         first = ["winograd_nonfused"]
     elif stride1 and t == 1 and (min(r, s) >= 7 or (exact_f32 and min(r, s) >= 5)):
         first = ["fft", "fft_tiling"]
+    elif cg % 8 != 0:
+        first = ["implicit_gemm_splitk" if direction == "bwd_filter" else "implicit_gemm"]
     return first + ["implicit_precomp_gemm", "implicit_gemm", "implicit_gemm_splitk",
                     "im2col_gemm", "winograd_nonfused", "winograd", "fft_tiling", "fft",
                     "implicit_gemm_splitk_atomic", "direct"]

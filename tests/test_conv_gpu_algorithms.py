@@ -48,6 +48,9 @@ GRID = [
                                                               padding="SAME")),
     ("stem_3_channels", (2, 17, 17, 3), (7, 7, 3, 64), dict(window_strides=(2, 2),
                                                             padding=((3, 3), (3, 3)))),
+    ("groups_6_channels", (2, 9, 8, 12), (3, 3, 6, 16), dict(window_strides=(1, 1),
+                                                             padding="SAME",
+                                                             feature_group_count=2)),
     ("depthwise", (2, 12, 13, 24), (3, 3, 1, 24), dict(window_strides=(1, 1), padding="SAME",
                                                        feature_group_count=24)),
     ("depthwise_7x7_s2", (2, 15, 14, 16), (7, 7, 1, 32), dict(window_strides=(2, 2),
@@ -224,8 +227,14 @@ def test_im2col_bwd_filter_splits_the_reduction():
 def test_gemm_algorithms_report_reasons_and_workspaces():
     kw = dict(window_strides=(1, 1), padding="SAME")
     infos, _ = _infos((2, 8, 8, 3), (3, 3, 3, 16), kw)
-    assert not infos["implicit_gemm"].supported
-    assert "multiples of 8" in infos["implicit_gemm"].reason
+    assert not infos["implicit_precomp_gemm"].supported
+    assert "multiples of 8" in infos["implicit_precomp_gemm"].reason
+    # implicit_gemm pads 3 channels to 8 in its workspace: x (2*8*8*8 floats) and w (9*8*16
+    # floats), each rounded up to 256 bytes. bwd_data's GEMM N side is Cg itself: no padding.
+    assert infos["implicit_gemm"].supported
+    assert infos["implicit_gemm"].workspace_bytes == 4096 + 4608
+    bwdd, _ = _infos((2, 8, 8, 3), (3, 3, 3, 16), kw, direction="bwd_data")
+    assert "multiples of 8" in bwdd["implicit_gemm"].reason
     assert infos["implicit_gemm"].tensor_cores and infos["implicit_gemm"].deterministic
     assert not infos["implicit_gemm_splitk_atomic"].deterministic
     assert infos["direct"].supported and not infos["direct"].tensor_cores

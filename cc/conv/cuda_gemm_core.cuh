@@ -7,7 +7,7 @@
 //   bwd_data   M = N*D*H*W input pixels,  N = Cg,  Kd = T*R*S*Kg   A = dy gathered, B = w^T
 //   bwd_filter M = T*R*S*Cg filter rows,  N = Kg,  Kd = N*Z*P*Q    A = x^T gathered, B = dy
 //
-// Data path (Ampere-style, runs on sm_80+; Hopper's wgmma/TMA are the next step, NOTES.md):
+// Data path (Ampere-style, runs on sm_80+; cuda_gemm_wgmma.cuh is the Hopper form for 16-bit):
 //   global --cp.async 16 B--> shared (STAGES-deep ring of (BM + BN) x 128-byte k-slices)
 //          --ldmatrix--> registers --mma.sync--> float accumulators --epilogue--> global
 // One k-slice is 128 bytes of the reduction: BK = 64 for 16-bit inputs, 32 for float32.
@@ -54,6 +54,7 @@ struct Elems {
 // CTA tile (BM, BN) of C, warp tile (WM, WN), STAGES-deep pipeline; T the element type.
 template <typename T, int BM_, int BN_, int WM_, int WN_, int STAGES_>
 struct Tile {
+  static constexpr bool kWgmma = false;
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, STAGES = STAGES_;
   static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
@@ -72,11 +73,15 @@ struct Tile {
 template <int ROWS, int CPR>
 struct SmemTile {
   static constexpr int kRows = ROWS, kCpr = CPR;
-  // Byte offset of chunk `c` of row `r`, XOR-swizzled inside each 128-byte line.
+  // Byte offset of chunk `c` of row `r`, XOR-swizzled inside each 128-byte line. Rows longer
+  // than 128 bytes are stored as column blocks of 128 bytes ([CPR / 8][ROWS][128 bytes]): the
+  // layout of Hopper's 128-byte-swizzled mn-major operands (cuda_gemm_wgmma.cuh), which
+  // ldmatrix reads just as well.
   __device__ __forceinline__ static uint32_t offset(int r, int c) {
+    if constexpr (CPR >= 8)
+      return uint32_t((((c >> 3) * ROWS + r) * 8 + ((c & 7) ^ (r & 7))) * kChunk);
     int sw;
-    if constexpr (CPR >= 8) sw = c ^ (r & 7);
-    else if constexpr (CPR == 4) sw = c ^ ((r >> 1) & 3);
+    if constexpr (CPR == 4) sw = c ^ ((r >> 1) & 3);
     else sw = c ^ ((r >> 2) & 1);
     return uint32_t((r * CPR + sw) * kChunk);
   }

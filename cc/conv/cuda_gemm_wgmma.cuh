@@ -1,0 +1,303 @@
+// Hopper warpgroup-MMA form of the GEMM core (cuda_gemm_core.cuh), for 16-bit inputs.
+//
+// Same operand loaders, same shared tiles, same epilogue as gemm_kernel; what changes is the
+// math: instead of ldmatrix into registers and one mma.sync per 16x8x16 block, each warpgroup
+// (4 consecutive warps, 128 threads) issues wgmma.mma_async m64nBNk16 reading both operands
+// straight from shared memory through 64-bit matrix descriptors. The tensor core then works
+// on a 64 x BN x 16 block per instruction (BN = 64 or 128), asynchronously: while it runs, the
+// same threads issue the cp.async gathers of later k-slices. This removes the ldmatrix traffic
+// and the register-file round trip that left the mma.sync kernel issue-bound (NOTES.md).
+//
+// Shared layouts. The core's tiles already use the 128-byte swizzle that wgmma understands:
+//   k-major tile  rows of 128 bytes (64 elements of k), 16-byte chunk c of row r stored at
+//                 chunk c ^ (r % 8); 8-row groups 1024 bytes apart (descriptor SBO)
+//   mn-major tile blocks of 64 mn-elements: [BMN / 64][BK rows of k][128 bytes], same XOR;
+//                 blocks BK * 128 bytes apart (LBO), 8-row groups of k 1024 bytes apart (SBO)
+// Every tile starts on a 1024-byte boundary (the swizzle pattern repeats every 1024 bytes and
+// the hardware applies it to absolute address bits). Stepping k by 16 elements moves the
+// descriptor's start address by 32 bytes inside the rows (k-major) or by 16 rows (mn-major).
+//
+// Persistent CTAs, one continuous pipeline. The grid is as many CTAs as fit on the GPU; CTA b
+// runs output tiles b, b + grid, ... Its k-slices, over all its tiles, form one stream
+// q = 0, 1, 2, ... through a ring of `stages` shared buffers of (BM + BN) x 128 bytes, with all
+// threads both loading and computing:
+//   slice q: wait for its cp.asyncs; fence them into the async proxy (wgmma reads shared
+//   memory through it); barrier; issue the loads of slice q + stages - 2 (the next tile's first
+//   slices when this tile's are done) into the buffer of slice q - 2; issue slice q's wgmmas
+//   and leave them in flight (wait_group 1), so slice q - 1's finish before the next barrier
+//   releases its buffer. After a tile's last slice: drain, store, zero the accumulators.
+// So a tile's start-up latency and its epilogue overlap the neighbouring tiles' loads: with
+// 9-36 slices per tile on ResNet's 3x3 layers (and 1-8 on the 1x1 ones) a CTA per tile would
+// spend much of its life filling and draining the pipeline.
+#pragma once
+
+#include <new>
+
+#include "cc/conv/cuda_gemm_core.cuh"
+
+namespace jaxdnn::conv::gemm {
+
+// CTA tile of the wgmma kernel: BM / 64 warpgroups, each owning 64 rows x all BN columns. The
+// ring depth is chosen at launch (at least 3: one slice loading, one computing, one draining).
+template <typename T, int BM_, int BN_>
+struct WgTile {
+  static constexpr bool kWgmma = true;
+  static constexpr int BM = BM_, BN = BN_;
+  static constexpr int kThreads = 128 * (BM / 64);
+  static constexpr int BK = Elems<T>::kBK;
+  static constexpr int kStageBytes = (BM + BN) * kSliceBytes;
+  static constexpr int kMinStages = 3, kMaxStages = 8;
+  static constexpr int smem_bytes(int stages) { return stages * kStageBytes + 1024; }  // + align
+  static_assert(sizeof(T) == 2, "wgmma path: 16-bit inputs");
+  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128), "tile shape");
+};
+
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) |
+         (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);  // 1 = 128-byte swizzle
+}
+
+// Descriptor of k step ks (16 elements) of an operand tile whose first row/block is `tile`.
+template <bool kKMajor>
+__device__ __forceinline__ uint64_t operand_desc(uint32_t tile, int ks) {
+  constexpr int BK = kSliceBytes / 2;
+  if constexpr (kKMajor) return smem_desc(tile + ks * 32, 16, 1024);
+  else return smem_desc(tile + ks * 16 * kSliceBytes, BK * kSliceBytes, 1024);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+#define JD_WG_REGS32                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define JD_WG_REGS64                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define JD_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define JD_F16(i) JD_F4(i), JD_F4(i + 4), JD_F4(i + 8), JD_F4(i + 12)
+// d += A * B for a 64 x N x 16 block; A, B in shared memory, transposed (mn-major) when TA/TB.
+#define JD_WGMMA(N, NREG, TY, REGS, ...)                                                     \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                   \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS ", %" #NREG \
+               ", %" JD_NEXT_##NREG ", p, 1, 1, %" JD_NEXT2_##NREG ", %" JD_NEXT3_##NREG ";\n}\n" \
+               : __VA_ARGS__                                                                 \
+               : "l"(da), "l"(db), "n"(int(kTA)), "n"(int(kTB)))
+#define JD_NEXT_32 "33"
+#define JD_NEXT2_32 "34"
+#define JD_NEXT3_32 "35"
+#define JD_NEXT_64 "65"
+#define JD_NEXT2_64 "66"
+#define JD_NEXT3_64 "67"
+
+template <int BN, bool kF16, bool kTA, bool kTB>
+__device__ __forceinline__ void wgmma(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+  if constexpr (BN == 64) {
+    if constexpr (kF16) JD_WGMMA(64, 32, "f16", JD_WG_REGS32, JD_F16(0), JD_F16(16));
+    else JD_WGMMA(64, 32, "bf16", JD_WG_REGS32, JD_F16(0), JD_F16(16));
+  } else {
+    if constexpr (kF16) JD_WGMMA(128, 64, "f16", JD_WG_REGS64, JD_F16(0), JD_F16(16), JD_F16(32), JD_F16(48));
+    else JD_WGMMA(128, 64, "bf16", JD_WG_REGS64, JD_F16(0), JD_F16(16), JD_F16(32), JD_F16(48));
+  }
+}
+
+// cp.async.wait_group takes an immediate: all but the newest n groups complete, n < kMaxStages.
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    default: cp_async_wait<5>(); break;
+  }
+}
+
+// One output tile of the persistent schedule: tile t -> (n tile fastest, then m tile, then
+// group x split), so the CTAs running together share rows of A in L2.
+struct TileJob {
+  int m0, n0, g, split, kt0, nk;
+};
+
+template <typename C>
+__device__ __forceinline__ TileJob tile_job(int t, int tiles_m, int tiles_n, int splits,
+                                            int k_tiles, int per_split) {
+  TileJob j;
+  const int nt = t % tiles_n, r = t / tiles_n;
+  const int z = r / tiles_m;
+  j.m0 = (r % tiles_m) * C::BM;
+  j.n0 = nt * C::BN;
+  j.g = z / splits;
+  j.split = z % splits;
+  j.kt0 = j.split * per_split;
+  j.nk = max(min(k_tiles, j.kt0 + per_split) - j.kt0, 0);
+  return j;
+}
+
+// Epilogue of one warpgroup's 64 x BN accumulators. Stored straight from the fragments, a
+// warp's store would touch 8 rows x 16 bytes; instead the fragments go through shared memory
+// (row-major, 16-byte chunks XOR-swizzled by row: conflict-free) and leave as 16-byte stores
+// that cover whole rows, so the 1x1 layers, whose time is mostly the output, write at full
+// sectors. Partial sums (split-K) and float32 results stage as float; atomics go direct.
+template <typename O, int BN>
+__device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], unsigned char* stg, int wq,
+                                           int lane, int t, int wg, int rows, O* out,
+                                           int64_t ld, int cols) {
+  constexpr int kRowBytes = BN * int(sizeof(O)), kCpr = kRowBytes / kChunk;
+  constexpr int kEpc = kChunk / int(sizeof(O));
+  auto at = [&](int r, int col) {  // byte offset of element col of row r
+    const int b = col * int(sizeof(O));
+    return r * kRowBytes + (((b / kChunk) ^ (r & 7)) * kChunk) + b % kChunk;
+  };
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wq * 16 + (lane >> 2) + 8 * h, col = i * 8 + (lane & 3) * 2;
+      const float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
+      if constexpr (sizeof(O) == 4) {
+        *reinterpret_cast<float2*>(stg + at(r, col)) = make_float2(v0, v1);
+      } else {
+        O* o = reinterpret_cast<O*>(stg + at(r, col));
+        o[0] = cuda::from_acc<O>(v0);
+        o[1] = cuda::from_acc<O>(v1);
+      }
+    }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // this warpgroup's rows staged
+  for (int e = t; e < 64 * kCpr; e += 128) {
+    const int r = e / kCpr, ch = e % kCpr;
+    if (r < rows && ch * kEpc < cols)
+      *reinterpret_cast<uint4*>(out + r * ld + ch * kEpc) =
+          *reinterpret_cast<const uint4*>(stg + r * kRowBytes + ((ch ^ (r & 7)) * kChunk));
+  }
+}
+
+template <typename T, int BN>
+__device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&acc)[BN / 2],
+                                           unsigned char* stg, int M, int N, const TileJob& j,
+                                           int row0, int wq, int lane, int t, int wg) {
+  const int m0 = j.m0 + row0, rows = min(64, M - m0), cols = N - j.n0;
+  if (epi.store == Store::kAtomic) {
+    // Fragment layout of m64nN: warp wq holds rows 16 wq.. 16 wq + 15; per n8 block i, d[4i],
+    // d[4i+1] at (row lane / 4, cols 2 (lane % 4) + {0, 1}), d[4i+2], d[4i+3] 8 rows below.
+    const int m = m0 + wq * 16 + (lane >> 2), c = (lane & 3) * 2;
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) {
+      const int n = j.n0 + i * 8 + c;
+      store_pair<T>(epi, M, N, j.g, j.split, m, n, acc[4 * i], acc[4 * i + 1]);
+      store_pair<T>(epi, M, N, j.g, j.split, m + 8, n, acc[4 * i + 2], acc[4 * i + 3]);
+    }
+  } else if (epi.store == Store::kPartial) {
+    float* ws = static_cast<float*>(epi.out) +
+                ((int64_t(j.split) * epi.groups + j.g) * M + m0) * N + j.n0;
+    stage_rows<float, BN>(acc, stg, wq, lane, t, wg, rows, ws, N, cols);
+  } else {
+    const int64_t at = int64_t(m0) * epi.ldo + int64_t(j.g) * N + j.n0;
+    if (epi.out_f32)
+      stage_rows<float, BN>(acc, stg, wq, lane, t, wg, rows, static_cast<float*>(epi.out) + at,
+                            epi.ldo, cols);
+    else
+      stage_rows<T, BN>(acc, stg, wq, lane, t, wg, rows, static_cast<T*>(epi.out) + at, epi.ldo,
+                        cols);
+  }
+}
+
+// Loader contract as gemm_kernel (cuda_gemm_core.cuh); `splits` ranges of `per_split` slices
+// per group, `stages` buffers in the ring (kMinStages..kMaxStages).
+template <Mode kMode, typename C, typename ALoader, typename BLoader>
+__global__ void __launch_bounds__(C::kThreads, 2)
+wgmma_kernel(typename ALoader::Params ap, typename BLoader::Params bp, Epilogue epi, int M, int N,
+             int k_tiles, int per_split, int splits, int stages) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = typename ModeTraits<kMode>::T;
+  extern __shared__ unsigned char smem[];
+  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
+  auto a_tile = [&](int s) { return base + uint32_t(s * C::kStageBytes); };
+  auto b_tile = [&](int s) { return base + uint32_t(s * C::kStageBytes + C::BM * kSliceBytes); };
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wg = tid >> 7, wq = (tid >> 5) & 3;  // warpgroup, warp within it
+  const int tiles_m = (M + C::BM - 1) / C::BM, tiles_n = (N + C::BN - 1) / C::BN;
+  const int tiles = tiles_m * tiles_n * epi.groups * splits;
+  auto job = [&](int t) { return tile_job<C>(t, tiles_m, tiles_n, splits, k_tiles, per_split); };
+
+  // Producer cursor: tile pt, its slice pk; the loaders sit at that slice.
+  int pt = blockIdx.x, pk = 0;
+  TileJob pj = job(pt);
+  ALoader a(ap, pj.m0, pj.g, pj.kt0, tid);
+  BLoader b(bp, pj.n0, pj.g, pj.kt0, tid);
+  int fill_slot = 0;
+  // Issues the loads of the next slice of the stream (or nothing past its end) as one group.
+  auto produce = [&] {
+    while (pt < tiles && pk == pj.nk) {
+      pt += gridDim.x;
+      if (pt >= tiles) break;
+      pj = job(pt);
+      pk = 0;
+      new (&a) ALoader(ap, pj.m0, pj.g, pj.kt0, tid);
+      new (&b) BLoader(bp, pj.n0, pj.g, pj.kt0, tid);
+    }
+    if (pt < tiles) {
+      a.load(a_tile(fill_slot));
+      b.load(b_tile(fill_slot));
+      a.next();
+      b.next();
+      ++pk;
+      fill_slot = fill_slot + 1 == stages ? 0 : fill_slot + 1;
+    }
+    cp_async_commit();
+  };
+
+  const int ahead = stages - 2;  // slices loading while one computes and one drains
+  for (int s = 0; s < ahead; ++s) produce();
+
+  // Warpgroup wg's 64 rows of A: rows 64 wg.. of a k-major tile, block wg of an mn-major one;
+  // both start 64 * 128 bytes further per warpgroup.
+  const uint32_t a_wg = uint32_t(wg * 64 * kSliceBytes);
+  float acc[C::BN / 2];
+  int slot = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const TileJob j = job(t);
+#pragma unroll
+    for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.f;
+    for (int kt = 0; kt < j.nk; ++kt) {
+      cp_async_wait_dyn(ahead - 1);
+      fence_proxy_async();
+      __syncthreads();  // slice landed for all; the slice two back retired in every warpgroup
+      produce();
+      const uint32_t at = a_tile(slot) + a_wg, bt = b_tile(slot);
+      slot = slot + 1 == stages ? 0 : slot + 1;
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < C::BK / 16; ++ks)
+        wgmma<C::BN, kMode == Mode::kF16, !ALoader::kKMajor, !BLoader::kKMajor>(
+            acc, operand_desc<ALoader::kKMajor>(at, ks), operand_desc<BLoader::kKMajor>(bt, ks));
+      wgmma_commit();
+      wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+
+    // The two ring buffers of this tile's last two slices are idle until the next slices'
+    // loads are issued (after the next barrier): they stage the warpgroups' results.
+    __syncthreads();  // every warpgroup's last wgmmas retired
+    const int last = slot == 0 ? stages - 1 : slot - 1;
+    const int stage_slot = wg == 0 ? last : (last == 0 ? stages - 1 : last - 1);
+    unsigned char* stg = smem + (a_tile(stage_slot) - smem_addr(smem));
+    store_tile<T, C::BN>(epi, acc, stg, M, N, j, wg * 64, wq, lane, tid & 127, wg);
+  }
+  cp_async_wait<0>();
+#endif
+}
+
+}  // namespace jaxdnn::conv::gemm
