@@ -99,7 +99,8 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
       by 10-35% on the 3x3 layers, and the split reduction fills the GPU for bwd_filter;
     - channels per group not a multiple of 8 (the 3-channel stem): implicit_gemm, which
       pads them to 8 in its workspace (fwd; bwd_filter with split-K, the filter being only a
-      few output tiles), ahead of im2col_gemm's patch matrix;
+      few output tiles), ahead of im2col_gemm's patch matrix; for bwd_data im2col_gemm, whose
+      GEMM + col2im has T*R*S*Cg on the GEMM's N side (the implicit forms need Cg % 8);
     - the direct kernel last: no reuse.
     """
     if depthwise:
@@ -115,7 +116,8 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
     elif stride1 and t == 1 and (min(r, s) >= 7 or (exact_f32 and min(r, s) >= 5)):
         first = ["fft", "fft_tiling"]
     elif cg % 8 != 0:
-        first = ["implicit_gemm_splitk" if direction == "bwd_filter" else "implicit_gemm"]
+        first = {"fwd": ["implicit_gemm"], "bwd_data": ["im2col_gemm"],
+                 "bwd_filter": ["implicit_gemm_splitk"]}[direction]
     return first + ["implicit_precomp_gemm", "implicit_gemm", "implicit_gemm_splitk",
                     "im2col_gemm", "winograd_nonfused", "winograd", "fft_tiling", "fft",
                     "implicit_gemm_splitk_atomic", "direct"]

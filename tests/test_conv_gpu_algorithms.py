@@ -235,6 +235,10 @@ def test_gemm_algorithms_report_reasons_and_workspaces():
     assert infos["implicit_gemm"].workspace_bytes == 4096 + 4608
     bwdd, _ = _infos((2, 8, 8, 3), (3, 3, 3, 16), kw, direction="bwd_data")
     assert "multiples of 8" in bwdd["implicit_gemm"].reason
+    # im2col_gemm's bwd_data: float column gradients, one row per output pixel (2*8*8) of
+    # 3*3*3 = 27 columns padded to 32.
+    assert bwdd["im2col_gemm"].supported
+    assert bwdd["im2col_gemm"].workspace_bytes == 2 * 8 * 8 * 32 * 4
     assert infos["implicit_gemm"].tensor_cores and infos["implicit_gemm"].deterministic
     assert not infos["implicit_gemm_splitk_atomic"].deterministic
     assert infos["direct"].supported and not infos["direct"].tensor_cores
