@@ -1,7 +1,8 @@
 // The activation formulas, shared by the CPU and CUDA kernels. `M` supplies exp, expm1, log1p,
-// tanh, erfc and select(c, a, b) (= c ? a : b) for the compute type A (float, or double for
-// float64): cpu_math on the CPU (whose select is a bitwise blend, so the loops vectorise), the
-// CUDA math library and `?:` on the GPU.
+// tanh, erfc, inv_one_plus(e) (= 1 / (1 + e) for e in [0, 1] or NaN, correctly rounded) and
+// select(c, a, b) (= c ? a : b) for the compute type A (float, or double for float64):
+// cpu_math on the CPU (whose select is a bitwise blend, so the loops vectorise), the CUDA math
+// library and `?:` on the GPU.
 //
 // They follow jax.nn exactly, special values included: relu/relu6 propagate NaN; relu'(0) = 0
 // and relu6' is 0 at 0 and 6 (jax's choice); leaky_relu' is the negative slope at NaN;
@@ -34,7 +35,7 @@ struct SigmoidPair {
 template <typename M, typename A>
 JAXDNN_ACT_FN SigmoidPair<A> sigmoid_pair(A x) {
   const A e = M::exp(M::select(x < A(0), x, -x));  // NaN stays NaN
-  const A r = A(1) / (A(1) + e), er = e * r;
+  const A r = M::inv_one_plus(e), er = e * r;
   const bool pos = x >= A(0);
   return {M::select(pos, r, er), M::select(pos, er, r)};
 }

@@ -24,6 +24,7 @@ struct CpuMath {
   template <typename A> static JAXDNN_INLINE A log1p(A x) { return cm::log1p(x); }
   template <typename A> static JAXDNN_INLINE A tanh(A x) { return cm::tanh(x); }
   template <typename A> static JAXDNN_INLINE A erfc(A x) { return cm::erfc(x); }
+  template <typename A> static JAXDNN_INLINE A inv_one_plus(A e) { return A(1) / (A(1) + e); }
   template <typename A> static JAXDNN_INLINE A select(bool c, A a, A b) { return cm::select(c, a, b); }
 };
 

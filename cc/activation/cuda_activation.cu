@@ -1,16 +1,21 @@
 // CUDA activation kernels: one elementwise kernel for both directions, templated on
 // (op, direction, dtype, vector width).
 //
-// Each thread moves kUnroll 16-byte packs per operand, all loads issued before any math, and
-// consecutive threads touch consecutive packs, so a warp reads 512 contiguous bytes per load
-// instruction and a 256-thread block keeps 16 KiB per operand in flight. The n % kN elements
-// past the last whole pack go to block 0, one element per thread. Pointers that are not
-// 16-byte aligned run the same kernel with single-element packs.
+// Persistent grid-stride loop: one wave of 256-thread blocks (as many as the device holds at
+// once, cuda::resident_grid) walks tiles of kThreads * kUnroll packs. In a tile each thread
+// moves kUnroll 16-byte packs per operand, consecutive threads on consecutive packs (a warp
+// reads 512 contiguous bytes per load instruction), all loads issued before any math; a block
+// so keeps 16 KiB per operand in flight, and a full SM (e.g. 8 blocks of relu f32, 32
+// registers) 128 KiB. The n % kN elements past the last whole pack go to block 0, one element
+// per thread. Pointers that are not 16-byte aligned run the same kernel with single-element
+// packs.
 //
-// Traffic: forward reads n and writes n elements, backward reads 2n and writes n; loads and
-// stores are streaming (__ldcs/__stcs: each byte is touched once). Math in float (double for
-// float64) with the CUDA math library: at 4 TB/s a bfloat16 element has about 30 FP32
-// instruction slots, enough for every op's formula (activation_math.h).
+// Traffic: forward reads n and writes n elements, backward reads 2n and writes n, with plain
+// loads and stores, like XLA's fused loops (the earlier version, one block per tile with
+// streaming .cs accesses, measured 0.90-0.92x of them on relu/silu f32). Math in float
+// (double for float64) with the CUDA math library: at 3.6 TB/s a bfloat16 element has about
+// 37 instruction slots (4 warp instructions per clock and SM at 1.98 GHz), enough for every
+// op's formula (activation_math.h); silu and tanh-gelu come closest, ~22 and ~24.
 
 #include "cc/activation/activation_math.h"
 #include "cc/activation/cuda_activation.h"
@@ -36,12 +41,23 @@ struct CudaMath {
   static __device__ __forceinline__ double tanh(double x) { return ::tanh(x); }
   static __device__ __forceinline__ float erfc(float x) { return erfcf(x); }
   static __device__ __forceinline__ double erfc(double x) { return ::erfc(x); }
+  // 1 / (1 + e) for e in [0, 1]: the fast path of the IEEE reciprocal (MUFU.RCP and one Newton
+  // step, the same bits for a divisor in [1, 2] or NaN) without its range check and slow-path
+  // branch, 6 of silu's ~28 instructions per element.
+  static __device__ __forceinline__ float inv_one_plus(float e) {
+    const float d = 1.0f + e;
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+    return fmaf(r, fmaf(-d, r, 1.0f), r);
+  }
+  static __device__ __forceinline__ double inv_one_plus(double e) { return 1.0 / (1.0 + e); }
   template <typename A>
   static __device__ __forceinline__ A select(bool c, A a, A b) { return c ? a : b; }
 };
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // packs per operand per thread
+constexpr int kUnroll = 4;  // packs per operand per thread and tile
+constexpr int64_t kTile = int64_t(kThreads) * kUnroll;  // packs per tile
 
 // f(a) (forward) or b * f'(a) (backward).
 template <Op kOp, bool kBackward, typename A>
@@ -56,28 +72,29 @@ __global__ void __launch_bounds__(kThreads)
 activation_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
                   int64_t n, dev_acc_t<T> alpha) {
   using A = dev_acc_t<T>;
-  using P = cuda::Pack<T, kVector>;
+  using P = cuda::HeldPack<T, kVector>;
   const int64_t packs = n / P::kN;
-  const int64_t first = int64_t(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x;
-  P pa[kUnroll] = {}, pb[kUnroll] = {};
+  for (int64_t tile = blockIdx.x * kTile; tile < packs; tile += gridDim.x * kTile) {
+    const int64_t first = tile + threadIdx.x;
+    P pa[kUnroll], pb[kUnroll];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int64_t i = first + u * kThreads;
-    if (i < packs) {
-      pa[u] = P::load_stream(a + i * P::kN);
-      if constexpr (kBackward) pb[u] = P::load_stream(b + i * P::kN);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = first + u * kThreads;
+      if (i < packs) {
+        pa[u] = P::load(a + i * P::kN);
+        if constexpr (kBackward) pb[u] = P::load(b + i * P::kN);
+      }
     }
-  }
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int64_t i = first + u * kThreads;
-    if (i < packs) {
-      P r;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = first + u * kThreads;
+      if (i < packs) {
+        A r[P::kN];
 #pragma unroll
-      for (int e = 0; e < P::kN; ++e)
-        r.v[e] = from_acc<T>(apply<kOp, kBackward>(A(to_acc(pa[u].v[e])),
-                                                  kBackward ? A(to_acc(pb[u].v[e])) : A(0), alpha));
-      r.store_stream(out + i * P::kN);
+        for (int e = 0; e < P::kN; ++e)
+          r[e] = apply<kOp, kBackward>(pa[u][e], kBackward ? pb[u][e] : A(0), alpha);
+        cuda::store_acc<T, kVector>(out + i * P::kN, r);
+      }
     }
   }
   if (blockIdx.x == 0)
@@ -99,15 +116,14 @@ Status launch(const Problem& p, const void* a, const void* b, void* out, cudaStr
                           (!kBackward || cuda::vec_aligned(b));
       const auto alpha = dev_acc_t<T>(p.alpha);
       constexpr Op kOp = decltype(op)::value;
-      if (vector) {
-        const int64_t blocks = (p.n / cuda::Vec<T>::kN + kThreads * kUnroll - 1) / (kThreads * kUnroll);
-        activation_kernel<kOp, kBackward, T, true>
-            <<<unsigned(blocks < 1 ? 1 : blocks), kThreads, 0, stream>>>(at, bt, ot, p.n, alpha);
-      } else {
-        const int64_t blocks = (p.n + kThreads * kUnroll - 1) / (kThreads * kUnroll);
-        activation_kernel<kOp, kBackward, T, false>
-            <<<unsigned(blocks < 1 ? 1 : blocks), kThreads, 0, stream>>>(at, bt, ot, p.n, alpha);
-      }
+      auto run = [&](auto vec) {
+        constexpr auto kernel = activation_kernel<kOp, kBackward, T, decltype(vec)::value>;
+        const int64_t packs = p.n / cuda::Pack<T, decltype(vec)::value>::kN;
+        kernel<<<cuda::resident_grid<kernel, kThreads>((packs + kTile - 1) / kTile), kThreads, 0,
+                 stream>>>(at, bt, ot, p.n, alpha);
+      };
+      if (vector) run(std::true_type{});
+      else run(std::false_type{});
     });
   });
   if (!op_ok || !dtype_ok) return Status::Error("jaxdnn activation: unknown op code or dtype");

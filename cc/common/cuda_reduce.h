@@ -36,4 +36,13 @@ __device__ __forceinline__ T block_reduce(T v, Op op, T identity, T* scratch) {
   return warp_reduce(v, op);
 }
 
+// Reduction across the G threads that own one row (cuda_rows.h): a warp (G == 32), or the whole
+// block (G == blockDim.x > 32) through block_reduce's scratch and barriers.
+template <int G, typename T, typename Op>
+__device__ __forceinline__ T group_reduce(T v, Op op, T identity, T* scratch) {
+  static_assert(G % 32 == 0, "a row group is whole warps");
+  if constexpr (G == 32) return warp_reduce(v, op);
+  else return block_reduce(v, op, identity, scratch);
+}
+
 }  // namespace jaxdnn::cuda

@@ -1,11 +1,12 @@
 // CUDA helpers shared by every kernel file: element loads/stores in the accumulator type,
-// launch checks that name the kernel, and grid sizing.
+// launch checks that name the kernel, and grid sizing (plain and persistent grids).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -28,6 +29,18 @@ __device__ __forceinline__ float to_acc(float v) { return v; }
 __device__ __forceinline__ double to_acc(double v) { return v; }
 __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// The two 16-bit values packed in a 32-bit word, as floats (x: the low half). bfloat16 is the
+// top half of a float: one shift or mask each.
+template <typename T> __device__ __forceinline__ float2 unpack_acc(unsigned w);
+template <> __device__ __forceinline__ float2 unpack_acc<__nv_bfloat16>(unsigned w) {
+  return {__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u)};
+}
+template <> __device__ __forceinline__ float2 unpack_acc<__half>(unsigned w) {
+  __half2 h;
+  memcpy(&h, &w, sizeof(h));
+  return __half22float2(h);
+}
 
 template <typename T> __device__ __forceinline__ T from_acc(float v);
 template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
@@ -53,6 +66,24 @@ inline Status check_launch(const char* kernel) {
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 132 * 32) {
   int64_t b = (n + threads - 1) / threads;
   return unsigned(b < 1 ? 1 : (b > max_blocks ? max_blocks : b));
+}
+
+// Blocks for a persistent kernel, a grid-stride loop over `work` block-sized items: as many as
+// the device holds at once (one wave: no block waits for a slot, none idles after the last
+// wave), never more than the work, at least one. kKernel's occupancy at kThreads threads per
+// block depends only on the architecture and is queried once; the SM count on every launch.
+template <auto kKernel, int kThreads>
+unsigned resident_grid(int64_t work) {
+  static const int per_sm = [] {
+    int n = 1;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0);
+    return n < 1 ? 1 : n;
+  }();
+  int device = 0, sms = 1;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t wave = int64_t(per_sm) * sms;
+  return unsigned(work < 1 ? 1 : (work < wave ? work : wave));
 }
 
 }  // namespace jaxdnn::cuda

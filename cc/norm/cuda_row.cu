@@ -2,15 +2,22 @@
 // values with its own affine row (q, c).
 //
 // Cached kernels keep the row in registers, so x is read from memory once:
-//   block (RT, RPB): RT threads per row (a warp when RT == 32, with RPB = 4 rows per block;
-//   otherwise the whole block, RPB = 1); each thread holds NV vectors of VEC values, vector i
-//   at (i*RT + thread)*VEC, so a warp's loads are contiguous 512-byte runs.
-//   forward   mean = shift + sum(x - shift)/K, var = sum((x - mean)^2)/K (exact two-pass over
-//             registers, shift = x[0]), y = (x - mean)*rstd*scale + bias.
+//   forward   the shared row mapping of cc/common/cuda_rows.h: a group of G threads per row (a
+//             warp, four rows per 128-thread block, or a block of 64 .. 512 threads), each
+//             thread holding K packs of the row in the storage type; persistent grid, the next
+//             row's loads issued before the current row is reduced and stored, so a 4096-wide
+//             row (64 bfloat16 or 128 float32 threads x 8 packs, 2 x 32 registers of row
+//             data) keeps one row per group in flight through the reductions.
+//             mean = shift + sum(x - shift)/K, var = sum((x - mean)^2)/K (exact two-pass over
+//             registers, shift = x[0]), y = (x - mean)*rstd*scale + bias; scale and bias are
+//             read per row from L1/L2 (16-byte loads).
 //             Traffic per row: read x, write y (K values each).
-//   backward  block (slice sb, c, q) walks the rows of its slice: two row sums, dx, and
-//             per-thread d(scale), d(bias) accumulators for its columns, combined across row
-//             groups and written once per block to the (Q, S_b, C, K) partial planes.
+//   backward  block (RT, RPB): RT threads per row (a warp when RT == 32, with RPB = 4 rows per
+//             block; otherwise the whole block, RPB = 1); each thread holds NV vectors of VEC
+//             values, vector i at (i*RT + thread)*VEC. Block (slice sb, c, q) walks the rows
+//             of its slice: two row sums, dx, and per-thread d(scale), d(bias) accumulators for
+//             its columns, combined across row groups and written once per block to the
+//             (Q, S_b, C, K) partial planes.
 //             Traffic per row: read x, dy, write dx; per block: write 2K partials.
 // Rows too long for registers take streaming kernels (one block per row, values re-read from
 // L2): forward Welford per thread + block merge, then y; backward sums, then dx with the
@@ -18,6 +25,7 @@
 
 #include <type_traits>
 
+#include "cc/common/cuda_rows.h"
 #include "cc/norm/cuda_kernels.cuh"
 
 namespace jaxdnn::norm::cuda_impl {
@@ -32,42 +40,35 @@ __device__ __forceinline__ Acc row_sum(Acc v, Acc* scratch) {
   return cuda::block_reduce(v, cuda::SumOp{}, Acc(0), scratch);
 }
 
-template <typename D, int VEC, int NV>
-__global__ void __launch_bounds__(1024) row_fwd_kernel(Fwd<D> f) {
+template <typename D, int G, int NP, bool kVector>
+__global__ void __launch_bounds__(cuda::row_block_threads<G>()) row_fwd_kernel(Fwd<D> f) {
   using Acc = A<D>;
+  using Slice = cuda::RowSlice<D, NP, kVector>;
+  constexpr int kN = Slice::kN, kRowsPerBlock = cuda::rows_per_block<G>();
   __shared__ Acc scratch[32];
-  const int tid = threadIdx.x, RT = blockDim.x;
   const int64_t R = f.s.groups(), K = f.s.K;
-  for (int64_t r = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; r < R;
-       r += int64_t(gridDim.x) * blockDim.y) {
-    const D* x = f.x + r * K;
-    Acc v[NV][VEC];  // (NV, VEC): this thread's values of the row
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t k = int64_t(i * RT + tid) * VEC;
-      if (k < K) load_vals<D, VEC>(x + k, v[i]);
-    }
+  const cuda::RowMap<G, NP, kN> map{int(threadIdx.x % G), int(K)};
+  const auto load = [&](int64_t r) {
+    Slice x;
+    x.load(f.x + r * K, map);
+    return x;
+  };
+  const auto body = [&](int64_t r, Slice& x) {
     Acc mean, var;
     if (f.training) {
       mean = 0;
       if (f.centered) {
-        const Acc shift = to_acc(x[0]);
-        Acc s = 0;
-#pragma unroll
-        for (int i = 0; i < NV; ++i)
-          if (int64_t(i * RT + tid) * VEC < K)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) s += v[i][e] - shift;
-        mean = shift + row_sum(s, scratch) / Acc(K);
+        const Acc shift = to_acc(f.x[r * K]);
+        const Acc s = map.fold(Acc(0), [&](Acc s, int k, int e) { return s + (x(k, e) - shift); });
+        mean = shift + cuda::group_reduce<G>(s, cuda::SumOp{}, Acc(0), scratch) / Acc(K);
+        x.fence();
       }
-      Acc q = 0;
-#pragma unroll
-      for (int i = 0; i < NV; ++i)
-        if (int64_t(i * RT + tid) * VEC < K)
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) q += (v[i][e] - mean) * (v[i][e] - mean);
-      var = row_sum(q, scratch) / Acc(K);
-      if (tid == 0) {
+      const Acc q = map.fold(Acc(0), [&](Acc q, int k, int e) {
+        return q + (x(k, e) - mean) * (x(k, e) - mean);
+      });
+      var = cuda::group_reduce<G>(q, cuda::SumOp{}, Acc(0), scratch) / Acc(K);
+      x.fence();
+      if (map.lane == 0) {
         f.mean[r] = mean;
         f.var[r] = var;
       }
@@ -77,18 +78,17 @@ __global__ void __launch_bounds__(1024) row_fwd_kernel(Fwd<D> f) {
     }
     const Acc rs = rstd_of<D>(var, f.eps);
     const int64_t p = r / f.s.C, affine = (p / f.s.Pq() * f.s.C + r % f.s.C) * K;
+    map.for_packs([&](int k, int c) {
+      Acc g[kN], b[kN], y[kN];
+      load_params(f.scale + affine + c, g);
+      load_params(f.bias + affine + c, b);
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t k = int64_t(i * RT + tid) * VEC;
-      if (k >= K) continue;
-      Acc g[VEC], b[VEC], out[VEC];
-      load_params(f.scale + affine + k, g);
-      load_params(f.bias + affine + k, b);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) out[e] = (v[i][e] - mean) * rs * g[e] + b[e];
-      store_vals<D, VEC>(f.y + r * K + k, out);
-    }
-  }
+      for (int e = 0; e < kN; ++e) y[e] = (x(k, e) - mean) * rs * g[e] + b[e];
+      cuda::store_acc<D, kVector>(f.y + r * K + c, y);
+    });
+  };
+  cuda::for_each_row<true>(int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / G,
+                           int64_t(gridDim.x) * kRowsPerBlock, R, load, body);
 }
 
 // Block -> (slice sb, group column c, affine row q) of the backward grid.
@@ -315,23 +315,27 @@ void with_vec(int vec, F f) {
 
 template <typename D>
 Status row_forward(const Fwd<D>& f, cudaStream_t st) {
-  constexpr int kMaxE = sizeof(D) == 8 ? 16 : 32;
+  constexpr int kVecN = Vec<D>::kN;
   const bool aligned = cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y) &&
-                       cuda::vec_aligned(f.scale) && cuda::vec_aligned(f.bias);
-  const RowConfig c = row_config(f.s.K, Vec<D>::kN, aligned, kMaxE, 256, 1024);
+                       cuda::vec_aligned(f.scale) && cuda::vec_aligned(f.bias) &&
+                       f.s.K % kVecN == 0;
   const int64_t rows = f.s.groups();
-  if (!c.cached) {
-    row_fwd_stream_kernel<D><<<cuda::grid_for(rows, 1, 132 * 16), kStreamThreads, 0, st>>>(f);
-    return cuda::check_launch("norm row_fwd_stream_kernel");
-  }
-  const unsigned grid = cuda::grid_for(rows, c.rpb, int64_t(1) << 30);
-  with_vec<D>(c.vec, [&](auto vec) {
-    with_nv(c.nv, [&](auto nv) {
-      if constexpr (nv() * vec() <= kMaxE)
-        row_fwd_kernel<D, vec(), nv()><<<grid, dim3(c.rt, c.rpb), 0, st>>>(f);
-    });
-  });
-  return cuda::check_launch("norm row_fwd_kernel");
+  auto run = [&](auto group, auto packs, auto vector) {
+    constexpr int G = decltype(group)::value, threads = cuda::row_block_threads<G>();
+    constexpr auto kernel = row_fwd_kernel<D, G, decltype(packs)::value, decltype(vector)::value>;
+    const int64_t blocks = (rows + cuda::rows_per_block<G>() - 1) / cuda::rows_per_block<G>();
+    kernel<<<cuda::resident_grid<kernel, threads>(blocks), threads, 0, st>>>(f);
+  };
+  // Packs of a row: 16-byte vectors when aligned, else single values.
+  const auto shape = [&](int64_t packs, auto vector) {
+    return cuda::with_row_shape<cuda::kRowPacks, cuda::kMaxRowThreads>(
+        packs, [&](auto g, auto k) { run(g, k, vector); });
+  };
+  const bool cached = aligned ? shape(f.s.K / kVecN, std::true_type{})
+                              : shape(f.s.K, std::false_type{});
+  if (cached) return cuda::check_launch("norm row_fwd_kernel");
+  row_fwd_stream_kernel<D><<<cuda::grid_for(rows, 1, 132 * 16), kStreamThreads, 0, st>>>(f);
+  return cuda::check_launch("norm row_fwd_stream_kernel");
 }
 
 template <typename D>

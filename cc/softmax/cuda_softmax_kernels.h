@@ -28,9 +28,12 @@ struct Operands {
   void* out;
 };
 
-// The math policy of softmax_math.h (plus log, once per row): exp of a non-positive argument
-// (x - max, or a log-probability), where the fast exp is accurate to 2 ulp.
+// The math policy of softmax_math.h (plus log, once per row, and the row max): exp of a
+// non-positive argument (x - max, or a log-probability), where the fast exp is accurate to
+// 2 ulp. max drops a NaN operand; a NaN in the row still reaches every output through the sum.
 struct CudaMath {
+  static __device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
+  static __device__ __forceinline__ double max(double a, double b) { return fmax(a, b); }
   static __device__ __forceinline__ float exp(float x) { return __expf(x); }
   static __device__ __forceinline__ double exp(double x) { return ::exp(x); }
   static __device__ __forceinline__ float log(float x) { return logf(x); }

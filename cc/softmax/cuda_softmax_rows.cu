@@ -1,29 +1,33 @@
 // Row-in-registers softmax: a group of G threads owns a row, each thread holding K packs of it
-// (of y and c for the backward) in registers, so HBM is read once and written once:
-//   forward   load -> max (group reduce) -> exp, sum (group reduce) -> scale or shift -> store
-//   backward  load -> sum of summand (group reduce) -> output -> store
-// Thread t of the group holds packs t, t + G, t + 2G, ...: each load instruction of a warp
-// covers 32 consecutive packs (512 contiguous bytes with 16-byte packs).
+// (of y and c for the backward) in registers (cc/common/cuda_rows.h), so HBM is read once and
+// written once:
+//   forward   max (group reduce) -> sum of exp(x - max) (group reduce) -> y -> store
+//   backward  sum of summand(y, c) (group reduce) -> output(y, c, r) -> store
 //
-//   G = 32   one warp per row, four rows per 128-thread block, reductions by warp shuffles;
-//            rows of up to 32*K packs (K in 1, 2, 4, 8).
-//   G >= 64  one block of G threads per row (G in 64 .. 512), reductions by
-//            cuda::block_reduce; K is the most packs a thread holds (kMaxElems elements).
-// kMaxElems = 32 floats (16 doubles) per thread and operand keeps a 4096-wide float32 or
-// bfloat16 row in 128 threads; rows of up to 512 * 32 = 16384 elements fit (1024-thread
-// blocks would have 64 registers per thread, too few: they spill). Packs are 16-byte vectors
-// when every row starts 16-byte aligned (aligned pointers and cols * sizeof(T) a multiple of
-// 16), otherwise single elements, for warp rows only. Longer or unaligned rows go to the
-// online kernel.
+// Shapes (cuda::with_row_shape): a warp per row (G = 32, four rows per 128-thread block) with
+// K = 1, 2, 4 or 8 packs per thread, else one block of G = 64 .. 512 threads per row with
+// K = kRowPacks / operands packs per thread (8 forward, 4 backward). The grid is persistent
+// (one wave) and each group loads its next row before it reduces and stores the current one,
+// so its loads stay in flight through the reductions. A 4096-wide row: float32 forward 128
+// threads x 8 packs (89-96 registers, 5 blocks per SM, 5 x 16 KiB in flight per SM), bfloat16
+// forward 64 x 8 (80-95 registers, 10-12 blocks, 80-96 KiB), backward 256 (float32) or 128
+// (bfloat16) threads x 4 packs of y and c (2 x 32 KiB or 5 x 16 KiB). Backward rows of 32- and
+// 64-bit types longer than 512 x 4 packs take 512 x 8, one row at a time.
 //
-// Traffic: forward rows*cols read + written once; backward 2x read + 1x written. Sums in float
-// (double for float64), in a fixed order: deterministic.
+// Limits (rows_fit): rows of up to 512 threads x 32 elements (16 doubles), i.e. 16384 (8192)
+// elements, 16-byte aligned (aligned pointers and cols * sizeof(T) a multiple of 16); unaligned
+// rows of up to 256 elements run warp rows of single elements. Longer or unaligned rows go to
+// the online kernel.
+//
+// Traffic: forward rows*cols read + written once; backward 2x read + 1x written, with plain
+// loads and stores (each group reads its last row twice, the second time from L1/L2). Sums in
+// float (double for float64), in a fixed order: deterministic.
 
 #include <cmath>
 #include <limits>
 
-#include "cc/common/cuda_pack.h"
 #include "cc/common/cuda_reduce.h"
+#include "cc/common/cuda_rows.h"
 #include "cc/softmax/cuda_softmax_kernels.h"
 
 namespace jaxdnn::softmax {
@@ -31,158 +35,119 @@ namespace {
 
 using cuda::dev_acc_t;
 using cuda::device_t;
-using cuda::from_acc;
-using cuda::to_acc;
 
 template <typename A> constexpr int kMaxElems = sizeof(A) == 8 ? 16 : 32;
 
-constexpr int block_threads(int group) { return group == 32 ? 128 : group; }
-
-template <int G, typename A, typename Op>
-__device__ __forceinline__ A group_reduce(A v, Op op, A identity, A* scratch) {
-  if constexpr (G == 32) return cuda::warp_reduce(v, op);
-  else return cuda::block_reduce(v, op, identity, scratch);
-}
+template <Kind kKind> constexpr int kOperands = is_backward(kKind) ? 2 : 1;
 
 template <Kind kKind, typename T, int G, int K, bool kVector>
-__global__ void __launch_bounds__(block_threads(G))
+__global__ void __launch_bounds__(cuda::row_block_threads<G>())
 softmax_rows_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
                     int64_t rows, int64_t cols) {
   using A = dev_acc_t<T>;
-  using P = cuda::Pack<T, kVector>;
-  constexpr int kN = P::kN, kRowsPerBlock = block_threads(G) / G;
+  using Slice = cuda::RowSlice<T, K, kVector>;
+  constexpr int kN = Slice::kN, kRowsPerBlock = cuda::rows_per_block<G>();
+  constexpr bool kPrefetch = kOperands<kKind> * K <= cuda::kRowPacks;
   constexpr A kInf = std::numeric_limits<A>::infinity();
   __shared__ A scratch[32];
-  const int lane = threadIdx.x % G;
-  auto col = [&](int k) { return (int64_t(k) * G + lane) * kN; };  // first column of pack k
+  const cuda::RowMap<G, K, kN> map{int(threadIdx.x % G), int(cols)};
 
-  for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / G; row < rows;
-       row += int64_t(gridDim.x) * kRowsPerBlock) {
-    const int64_t offset = row * cols;
-    A va[K][kN], vb[K][kN];  // (K, kN) of the thread's packs of a (and b)
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (col(k) < cols) {
-        const P pa = P::load_stream(a + offset + col(k));
-#pragma unroll
-        for (int e = 0; e < kN; ++e) va[k][e] = to_acc(pa.v[e]);
-        if constexpr (is_backward(kKind)) {
-          const P pb = P::load_stream(b + offset + col(k));
-#pragma unroll
-          for (int e = 0; e < kN; ++e) vb[k][e] = to_acc(pb.v[e]);
-        }
-      }
-    }
-
+  struct Slices {
+    Slice a, b;  // b: backward only
+  };
+  const auto load = [&](int64_t row) {
+    Slices s;
+    s.a.load(a + row * cols, map);
+    if constexpr (is_backward(kKind)) s.b.load(b + row * cols, map);
+    return s;
+  };
+  const auto body = [&](int64_t row, Slices& s) {
+    T* y = out + row * cols;
     if constexpr (!is_backward(kKind)) {
-      A m = -kInf;
+      Slice& x = s.a;
+      A m = map.fold(-kInf, [&](A acc, int k, int e) { return CudaMath::max(acc, x(k, e)); });
+      m = cuda::group_reduce<G>(m, cuda::MaxOp(), -kInf, scratch);
+      x.fence();
+      A sum = map.fold(A(0), [&](A acc, int k, int e) { return acc + CudaMath::exp(x(k, e) - m); });
+      sum = cuda::group_reduce<G>(sum, cuda::SumOp(), A(0), scratch);
+      x.fence();
+      // softmax: y = exp(x - m) / sum;  log_softmax: y = (x - m) - log(sum). Both recompute
+      // from the slice: holding the exps as floats would double a 16-bit row's registers
+      // (148 against 80 for a 4096-wide bfloat16 row on 64 threads), halving the rows in
+      // flight, for one exp (1 MUFU + 4 FP32 instructions) per element.
+      const A inv = A(1) / sum, log_sum = CudaMath::log(sum);
+      map.for_packs([&](int k, int c) {
+        A v[kN];
 #pragma unroll
-      for (int k = 0; k < K; ++k)
-        if (col(k) < cols)
-#pragma unroll
-          for (int e = 0; e < kN; ++e) m = cuda::MaxOp()(m, va[k][e]);
-      m = group_reduce<G>(m, cuda::MaxOp(), -kInf, scratch);
-      A s = 0;
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-        if (col(k) < cols)
-#pragma unroll
-          for (int e = 0; e < kN; ++e) {
-            const A ex = CudaMath::exp(va[k][e] - m);
-            s += ex;
-            if constexpr (kKind == Kind::kSoftmax) va[k][e] = ex;
-          }
-      s = group_reduce<G>(s, cuda::SumOp(), A(0), scratch);
-      // softmax: y = e / s;  log_softmax: y = (x - m) - log(s)
-      const A scale = kKind == Kind::kSoftmax ? A(1) / s : A(1);
-      const A shift = kKind == Kind::kSoftmax ? A(0) : m;
-      const A add = kKind == Kind::kSoftmax ? A(0) : -CudaMath::log(s);
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-        if (col(k) < cols) {
-          P r;
-#pragma unroll
-          for (int e = 0; e < kN; ++e) r.v[e] = from_acc<T>((va[k][e] - shift) * scale + add);
-          r.store_stream(out + offset + col(k));
-        }
+        for (int e = 0; e < kN; ++e)
+          v[e] = kKind == Kind::kSoftmax ? CudaMath::exp(x(k, e) - m) * inv
+                                         : (x(k, e) - m) - log_sum;
+        cuda::store_acc<T, kVector>(y + c, v);
+      });
     } else {
       constexpr Linear kLinear = linear_of(kKind);
-      A r = 0;
+      A r = map.fold(A(0), [&](A acc, int k, int e) {
+        return acc + summand<kLinear, CudaMath>(s.a(k, e), s.b(k, e));
+      });
+      r = cuda::group_reduce<G>(r, cuda::SumOp(), A(0), scratch);
+      s.a.fence();
+      s.b.fence();
+      map.for_packs([&](int k, int c) {
+        A v[kN];
 #pragma unroll
-      for (int k = 0; k < K; ++k)
-        if (col(k) < cols)
-#pragma unroll
-          for (int e = 0; e < kN; ++e) r += summand<kLinear, CudaMath>(va[k][e], vb[k][e]);
-      r = group_reduce<G>(r, cuda::SumOp(), A(0), scratch);
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-        if (col(k) < cols) {
-          P o;
-#pragma unroll
-          for (int e = 0; e < kN; ++e)
-            o.v[e] = from_acc<T>(output<kLinear, CudaMath>(va[k][e], vb[k][e], r));
-          o.store_stream(out + offset + col(k));
-        }
+        for (int e = 0; e < kN; ++e) v[e] = output<kLinear, CudaMath>(s.a(k, e), s.b(k, e), r);
+        cuda::store_acc<T, kVector>(y + c, v);
+      });
     }
-  }
-}
-
-// Blocks for `rows`: one per row group, capped (the kernel loops over the rest).
-unsigned grid_for_rows(int64_t rows, int rows_per_block) {
-  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-  return unsigned(blocks < (int64_t(1) << 30) ? blocks : (int64_t(1) << 30));
-}
-
-template <Kind kKind, typename T>
-bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
-  using A = dev_acc_t<T>;
-  constexpr int kVecN = cuda::Vec<T>::kN;
-  const bool aligned = p.cols % kVecN == 0 && cuda::vec_aligned(io.a) &&
-                       cuda::vec_aligned(io.out) && (io.b == nullptr || cuda::vec_aligned(io.b));
-  const T* a = static_cast<const T*>(io.a);
-  const T* b = static_cast<const T*>(io.b);
-  T* out = static_cast<T*>(io.out);
-  auto run = [&](auto group, auto k, auto vector) {
-    constexpr int G = decltype(group)::value, K = decltype(k)::value;
-    softmax_rows_kernel<kKind, T, G, K, decltype(vector)::value>
-        <<<grid_for_rows(p.rows, block_threads(G) / G), block_threads(G), 0, stream>>>(
-            a, b, out, p.rows, p.cols);
   };
-  using std::integral_constant;
-  if (aligned) {
-    constexpr int kMaxK = kMaxElems<A> / kVecN;  // 4 (16-bit) or 8 packs per thread
-    const int64_t packs = p.cols / kVecN;
-    const integral_constant<bool, true> vec;
-    if (packs <= 32) run(integral_constant<int, 32>{}, integral_constant<int, 1>{}, vec);
-    else if (packs <= 64) run(integral_constant<int, 32>{}, integral_constant<int, 2>{}, vec);
-    else if (packs <= 128) run(integral_constant<int, 32>{}, integral_constant<int, 4>{}, vec);
-    else if (packs <= 32 * kMaxK) run(integral_constant<int, 32>{}, integral_constant<int, kMaxK>{}, vec);
-    else if (packs <= 64 * kMaxK) run(integral_constant<int, 64>{}, integral_constant<int, kMaxK>{}, vec);
-    else if (packs <= 128 * kMaxK) run(integral_constant<int, 128>{}, integral_constant<int, kMaxK>{}, vec);
-    else if (packs <= 256 * kMaxK) run(integral_constant<int, 256>{}, integral_constant<int, kMaxK>{}, vec);
-    else if (packs <= 512 * kMaxK) run(integral_constant<int, 512>{}, integral_constant<int, kMaxK>{}, vec);
-    else return false;
-    return true;
-  }
-  // Unaligned rows: single elements, warp rows only.
-  const integral_constant<bool, false> scalar;
-  if (p.cols <= 32) run(integral_constant<int, 32>{}, integral_constant<int, 1>{}, scalar);
-  else if (p.cols <= 64) run(integral_constant<int, 32>{}, integral_constant<int, 2>{}, scalar);
-  else if (p.cols <= 128) run(integral_constant<int, 32>{}, integral_constant<int, 4>{}, scalar);
-  else if (p.cols <= 256) run(integral_constant<int, 32>{}, integral_constant<int, 8>{}, scalar);
-  else return false;
-  return true;
+  cuda::for_each_row<kPrefetch>(int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / G,
+                                int64_t(gridDim.x) * kRowsPerBlock, rows, load, body);
 }
-
-}  // namespace
 
 // The row lengths launch_typed takes (with 16-byte aligned operands, as XLA allocates them).
 template <typename T>
 bool rows_fit(int64_t cols) {
   constexpr int kVecN = cuda::Vec<T>::kN;
   constexpr int kMaxK = kMaxElems<dev_acc_t<T>> / kVecN;
-  return cols % kVecN == 0 ? cols / kVecN <= 512 * kMaxK : cols <= 256;
+  return cols % kVecN == 0 ? cols / kVecN <= cuda::kMaxRowThreads * kMaxK : cols <= 256;
 }
+
+template <Kind kKind, typename T>
+bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
+  constexpr int kVecN = cuda::Vec<T>::kN;
+  constexpr int kMaxK = kMaxElems<dev_acc_t<T>> / kVecN;  // 4 (16-bit) or 8 packs
+  constexpr int kPrefetchK = cuda::kRowPacks / kOperands<kKind>;
+  if (!rows_fit<T>(p.cols)) return false;
+  const bool aligned = p.cols % kVecN == 0 && cuda::vec_aligned(io.a) &&
+                       cuda::vec_aligned(io.out) && (io.b == nullptr || cuda::vec_aligned(io.b));
+  const T* a = static_cast<const T*>(io.a);
+  const T* b = static_cast<const T*>(io.b);
+  T* out = static_cast<T*>(io.out);
+  auto run = [&](auto group, auto k, auto vector) {
+    constexpr int G = decltype(group)::value, threads = cuda::row_block_threads<G>();
+    constexpr auto kernel =
+        softmax_rows_kernel<kKind, T, G, decltype(k)::value, decltype(vector)::value>;
+    const int64_t blocks = (p.rows + cuda::rows_per_block<G>() - 1) / cuda::rows_per_block<G>();
+    kernel<<<cuda::resident_grid<kernel, threads>(blocks), threads, 0, stream>>>(a, b, out, p.rows,
+                                                                                p.cols);
+  };
+  using std::integral_constant;
+  if (!aligned)  // single elements, warp rows only (rows_fit: at most 256)
+    return cuda::with_row_shape<8, 32>(p.cols, [&](auto g, auto k) {
+      run(g, k, integral_constant<bool, false>{});
+    });
+  const integral_constant<bool, true> vec;
+  if (cuda::with_row_shape<kPrefetchK, cuda::kMaxRowThreads>(
+          p.cols / kVecN, [&](auto g, auto k) { run(g, k, vec); }))
+    return true;
+  if constexpr (kPrefetchK < kMaxK) {  // long backward rows, one at a time
+    run(integral_constant<int, cuda::kMaxRowThreads>{}, integral_constant<int, kMaxK>{}, vec);
+    return true;
+  }
+  return false;  // rows_fit bounds the row: not reached
+}
+
+}  // namespace
 
 Support rows_support(const Problem& p) {
   bool fit = false;
@@ -190,7 +155,7 @@ Support rows_support(const Problem& p) {
   dispatch_io(p.dtype, p.dtype, [&](auto tag, auto) {
     using T = device_t<decltype(tag)>;
     fit = rows_fit<T>(p.cols);
-    limit = int64_t(512) * kMaxElems<dev_acc_t<T>>;
+    limit = int64_t(cuda::kMaxRowThreads) * kMaxElems<dev_acc_t<T>>;
   });
   if (fit) return Support::Yes();
   return Support::No("a row of " + std::to_string(p.cols) + " does not fit in registers (at " +
