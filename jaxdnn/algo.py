@@ -85,8 +85,8 @@ def _heuristic_order(platform: str, direction: str, spec, dtype: np.dtype,
 
 def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> list[str]:
     """GPU order, from benchmarks/results/conv_gpu-*.md (H200, ResNet-50 layers, N=64):
-    - depthwise problems are memory-bound gathers: the specialised kernel (1.1-24x XLA on
-      the 7x7 layer);
+    - depthwise problems are memory-bound gathers: the register-tiled 3x3 stride-1 kernel
+      where it applies, else the general depthwise kernel (1.1-24x XLA on the 7x7 layer);
     - float32 3x3 stride-1 layers without TF32 (precision HIGHEST): winograd_nonfused, whose
       F(4x4,3x3) does 4x fewer multiplies on the SIMT units, runs 37-68 TFLOP/s against 17-31
       for 3xTF32 on tensor cores (3 mmas per product); with TF32 allowed it still wins once
@@ -104,7 +104,7 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
     - the direct kernel last: no reuse.
     """
     if depthwise:
-        return ["depthwise", "direct"]
+        return ["depthwise_3x3", "depthwise", "direct"]
     t, r, s, cg, _ = spec.rhs_shape
     stride1 = spec.stride == (1, 1, 1) and spec.rhs_dilation == (1, 1, 1) and \
         spec.lhs_dilation == (1, 1, 1)

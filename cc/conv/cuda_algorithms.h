@@ -34,6 +34,7 @@ extern const CudaAlgorithm kCudaWinogradNonfused;  // cuda_winograd_nonfused.cu:
 extern const CudaAlgorithm kCudaFft;        // cuda_fft.cu: one FFT plane per image
 extern const CudaAlgorithm kCudaFftTiling;  // cuda_fft_tiling.cu: overlap-save tiles
 extern const CudaAlgorithm kCudaDepthwise;  // cuda_depthwise.cu: groups == C
+extern const CudaAlgorithm kCudaDepthwise3x3;  // cuda_depthwise_3x3.cu: 3x3 stride 1, K == C
 
 const std::vector<const CudaAlgorithm*>& cuda_algorithms();
 

@@ -17,6 +17,7 @@ const std::vector<const CudaAlgorithm*>& cuda_algorithms() {
       &kCudaFft,
       &kCudaFftTiling,
       &kCudaDepthwise,
+      &kCudaDepthwise3x3,
   };
   return kAll;
 }
