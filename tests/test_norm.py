@@ -14,7 +14,7 @@ from jax.test_util import check_grads
 
 import jaxdnn
 from jaxdnn import _ffi
-from util import DTYPES, PLATFORMS, TOL, assert_close, on, rand
+from util import DTYPES, PLATFORMS, TOL, assert_close, device, on, rand
 
 EPS = float(np.float32(1e-5))  # the ops use eps as float32; so do the references
 
@@ -76,13 +76,17 @@ def group_case(shape, groups, layout=None):
 LAYER = [layer_case(op, s, ax) for op in ("layer_norm", "rms_norm") for s, ax in [
     ((5, 7, 33), -1), ((3, 1) if op == "layer_norm" else (3, 1, 4), -1), ((4, 1000), -1),
     ((3, 4096), -1), ((2, 6, 5), (1, 2)), ((6, 5, 4), 0), ((2, 40003), -1)]]
+# (Rows or segments of a multiple of 16 bytes, e.g. (4, 6, 5, 16) and (2, 16, 8, 8) on axis 1,
+# take the single-pass CUDA forward; the others its three-pass fallback. 16, 64 and 96
+# channels also cover the CPU column path's register kernels at several widths.)
 BATCH = [batch_case(s, ax) for s, ax in [
     ((4, 5, 6, 3), -1), ((4, 3, 5, 6), 1), ((7, 5), -1), ((3, 1000, 7), -1), ((1, 1, 1, 3), -1),
-    ((2, 3, 4, 5, 2), -1), ((3, 2, 5, 3, 4), 1), ((2, 3, 1037), 1)]]
+    ((2, 3, 4, 5, 2), -1), ((3, 2, 5, 3, 4), 1), ((2, 3, 1037), 1), ((4, 6, 5, 16), -1),
+    ((2, 16, 8, 8), 1), ((3, 5, 7, 64), -1), ((2, 3, 5, 96), -1)]]
 GROUP = [group_case(s, g, lay) for s, g, lay in [
     ((2, 5, 6, 8), 4, None), ((2, 8, 5, 6), 4, "NCHW"), ((3, 5, 6), 6, "NWC"),
     ((3, 6, 5), 3, "NCW"), ((2, 4, 3, 5, 6), 1, "NCDHW"), ((4, 12), 3, "NC"),
-    ((2, 3, 3, 2, 8), 8, "NDHWC"), ((1, 33, 2), 2, None)]]
+    ((2, 3, 3, 2, 8), 8, "NDHWC"), ((1, 33, 2), 2, None), ((2, 16, 8, 8), 4, "NCHW")]]
 CASES = LAYER + BATCH + GROUP
 # Forward only: one value per channel (variance 0, so rstd = 1/sqrt(eps) and every gradient
 # term is a cancellation of values ~300x larger than the result).
@@ -174,8 +178,12 @@ def _inputs(case, dtype, seed=0):
 @pytest.mark.parametrize("case", CASES + FORWARD_ONLY, ids=repr)
 def test_forward(case, dtype, platform):
     x, s, b = _inputs(case, dtype)
-    out = jax.jit(case.run)(*on(platform, x, s, b))
-    ref = reference(case, x, s, b)
+    _check_forward(case, dtype, (x, s, b), jax.jit(case.run)(*on(platform, x, s, b)))
+
+
+def _check_forward(case, dtype, args, out):
+    """The op's output(s) `out` on inputs `args` against the float64 reference."""
+    ref = reference(case, *args)
     if case.op == "batch_norm":
         y, mean, var = out
         ref_y, ref_m, ref_v = ref
@@ -186,8 +194,29 @@ def test_forward(case, dtype, platform):
         assert_close(var, ref_v, sd, tol=tol, what="var")
     else:
         y, ref_y = out, ref
-    assert y.dtype == np.dtype(dtype) and y.shape == x.shape
+    assert y.dtype == np.dtype(dtype) and y.shape == case.shape
     assert_close(y, ref_y, dtype, what="y")
+
+
+# The single-pass CUDA forward on tensors larger than what the blocks stash in shared memory
+# (~27 MB on an H200), so that each block both stashes rows and re-reads streamed ones, with
+# several row slices per (sample, column tile) and several pieces per segment; its results
+# are bitwise identical from run to run.
+LARGE = [batch_case((16, 64, 64, 256)), batch_case((16, 256, 64, 64), 1),
+         group_case((8, 64, 64, 256), 32), group_case((8, 256, 64, 64), 32, "NCHW")]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", LARGE, ids=repr)
+def test_single_pass_forward_large(case, dtype):
+    device("gpu")  # skips without a GPU
+    x, s, b = _inputs(case, dtype)
+    args = on("gpu", x, s, b)
+    f = jax.jit(case.run)
+    first, second = f(*args), f(*args)
+    for u, v in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second)):
+        np.testing.assert_array_equal(u, v)
+    _check_forward(case, dtype, (x, s, b), first)
 
 
 @functools.cache

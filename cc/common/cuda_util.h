@@ -62,6 +62,23 @@ inline Status check_launch(const char* kernel) {
                        ": " + cudaGetErrorString(e));
 }
 
+// A runtime API result as a Status that names what was attempted.
+inline Status check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  (void)cudaGetLastError();  // clear it, so that the next launch check does not report it again
+  return Status::Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) + ": " +
+                       cudaGetErrorString(e));
+}
+
+// Streaming multiprocessors of the current device (0 if it cannot be queried).
+inline int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 0;
+  return sms;
+}
+
 // Blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed.
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 132 * 32) {
   int64_t b = (n + threads - 1) / threads;

@@ -7,6 +7,12 @@
 // contiguous "super row" of R*w values: per-column state is replicated R times (replica r
 // takes rows r, r+R, ...), so the vector loops run ~1024 values long instead of w, and the
 // replicas are folded in order at the end.
+// Narrow tiles of whole vectors (w = NV vectors, NV <= kRegVecs: up to 128 float columns)
+// take a register path in the stats and apply passes instead: the per-column state of a row
+// (Welford's shift, mean, M2, or the apply coefficients) stays in 3*NV vector registers and
+// rows are walked one by one, one load (and one store) per vector of x. The replicated path
+// keeps that state in L1 and spends three loads and two stores (stats) or three extra loads
+// (apply) per vector of x, which made a cache-resident batch norm load/store-bound.
 //   stats  Welford's update per column on x - shift (shift = the replica's first value);
 //          (mean, M2) of the slice to the double workspace; cpu_norm.cc merges them per group.
 //          Traffic: read x.
@@ -17,6 +23,7 @@
 
 #include <cstring>
 #include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include "cc/norm/cpu_kernels.h"
@@ -57,6 +64,30 @@ using column::kColumns;
 using column::Tile;
 using column::Tiling;
 
+constexpr int kRegVecs = 8;  // widest tile (in vectors) of the register path
+
+// Calls fn(integral_constant<int, NV>) and returns true when the tile is NV <= kRegVecs whole
+// vectors wide; returns false otherwise. fn must be JAXDNN_INLINE_LAMBDA: eight instantiations
+// are more than GCC inlines on its own, and an outlined lambda is compiled for the baseline
+// ISA, not for the clone that calls it.
+template <typename T, typename Fn>
+JAXDNN_ALWAYS_INLINE bool with_narrow(const Tile& t, Fn&& fn) {
+  constexpr int N = Lanes<T>::kN;
+  if (t.w % N != 0) return false;
+  switch (t.w / N) {
+    case 1: fn(std::integral_constant<int, 1>{}); return true;
+    case 2: fn(std::integral_constant<int, 2>{}); return true;
+    case 3: fn(std::integral_constant<int, 3>{}); return true;
+    case 4: fn(std::integral_constant<int, 4>{}); return true;
+    case 5: fn(std::integral_constant<int, 5>{}); return true;
+    case 6: fn(std::integral_constant<int, 6>{}); return true;
+    case 7: fn(std::integral_constant<int, 7>{}); return true;
+    case 8: fn(std::integral_constant<int, 8>{}); return true;
+    default: return false;
+  }
+}
+static_assert(kRegVecs == 8, "with_narrow dispatches NV = 1..8");
+
 // Offset of (row a, first tile column) in an x-like buffer.
 inline int64_t row_offset(const Shape& s, const Tile& t, int64_t a) {
   return (t.p * s.A + a) * s.CK() + t.j0;
@@ -68,10 +99,48 @@ JAXDNN_ALWAYS_INLINE void replicate(S<T>* c, const Tile& t) {
   for (int64_t r = 1; r < t.R; ++r) std::memcpy(c + r * t.w, c, size_t(t.w) * sizeof(S<T>));
 }
 
+// Register path of the stats pass: Welford's update per column on x - shift (shift = the
+// tile's first row), one row at a time.
+template <int NV, typename T>
+JAXDNN_ALWAYS_INLINE void column_stats_narrow(const FwdView<T>& v, const Tile& t,
+                                              int64_t nslices) {
+  constexpr int N = Lanes<T>::kN;
+  const Shape& s = v.s;
+  V<T> shift[NV], mean[NV], m2[NV];
+  const T* x0 = v.x + row_offset(s, t, t.a0);
+  for (int k = 0; k < NV; ++k) {
+    shift[k] = v.centered ? vload(x0 + k * N) : V<T>{};
+    mean[k] = m2[k] = V<T>{};
+  }
+  for (int64_t a = t.a0; a < t.a1; ++a) {
+    const T* x = v.x + row_offset(s, t, a);
+    const S<T> inv = S<T>(1) / S<T>(a - t.a0 + 1);
+    for (int k = 0; k < NV; ++k) {
+      const V<T> xv = vload(x + k * N) - shift[k], d = xv - mean[k];
+      if (v.centered) {
+        mean[k] += d * inv;
+        m2[k] += d * (xv - mean[k]);
+      } else {
+        m2[k] += xv * xv;
+      }
+    }
+  }
+  const int64_t off = (t.p * nslices + t.s) * s.CK() + t.j0;
+  for (int k = 0; k < NV; ++k)
+    for (int i = 0; i < N; ++i) {
+      v.ws0[off + k * N + i] = v.centered ? double(shift[k][i]) + double(mean[k][i]) : 0.0;
+      v.ws1[off + k * N + i] = double(m2[k][i]);
+    }
+}
+
 // buf holds 3*R*w accumulators: shift, mean, M2 per (replica, column).
 template <typename T>
 JAXDNN_ALWAYS_INLINE void column_stats_tile(const FwdView<T>& v, const Tile& t, int64_t nslices,
                                             S<T>* buf) {
+  if (with_narrow<T>(t, [&](auto nv) JAXDNN_INLINE_LAMBDA {
+        column_stats_narrow<decltype(nv)::value>(v, t, nslices);
+      }))
+    return;
   const Shape& s = v.s;
   const int64_t w = t.w, n = t.R * w;
   S<T>* shift = buf;
@@ -136,6 +205,25 @@ JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu
   }
 }
 
+// Register path of the apply pass: the coefficients of the tile's columns in registers.
+template <int NV, typename T>
+JAXDNN_ALWAYS_INLINE void column_apply_narrow(const FwdView<T>& v, const Tile& t, const S<T>* mu,
+                                              const S<T>* gg, const S<T>* bb) {
+  constexpr int N = Lanes<T>::kN;
+  V<T> m[NV], g[NV], b[NV];
+  for (int k = 0; k < NV; ++k) {
+    m[k] = vload(mu + k * N);
+    g[k] = vload(gg + k * N);
+    b[k] = vload(bb + k * N);
+  }
+  for (int64_t a = t.a0; a < t.a1; ++a) {
+    const int64_t row = row_offset(v.s, t, a);
+    const T* x = v.x + row;
+    T* y = v.y + row;
+    for (int k = 0; k < NV; ++k) vstore(y + k * N, (vload(x + k * N) - m[k]) * g[k] + b[k]);
+  }
+}
+
 // buf holds 3*R*w coefficients.
 template <typename T>
 JAXDNN_ALWAYS_INLINE void column_apply_tile(const FwdView<T>& v, const Tile& t, S<T>* buf) {
@@ -149,6 +237,10 @@ JAXDNN_ALWAYS_INLINE void column_apply_tile(const FwdView<T>& v, const Tile& t, 
     gg[j] *= v.scale[affine + j];
     bb[j] = v.bias[affine + j];
   }
+  if (with_narrow<T>(t, [&](auto nv) JAXDNN_INLINE_LAMBDA {
+        column_apply_narrow<decltype(nv)::value>(v, t, mu, gg, bb);
+      }))
+    return;
   for (S<T>* c : {mu, gg, bb}) replicate<T>(c, t);
   for (int64_t g = 0; g < t.supers(); ++g) {
     const int64_t row = row_offset(s, t, t.a0 + g * t.R);

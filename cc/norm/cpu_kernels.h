@@ -22,6 +22,7 @@
 #include "cc/norm/norm.h"
 
 #define JAXDNN_ALWAYS_INLINE inline __attribute__((always_inline))
+#define JAXDNN_INLINE_LAMBDA __attribute__((always_inline))  // [](...) JAXDNN_INLINE_LAMBDA {...}
 
 // The vector helpers return 64-byte vectors by value (parameters go by reference). They are
 // always inlined into code of one ISA, so no calling convention applies; silence GCC's note

@@ -1,21 +1,30 @@
 // CUDA column path (A > 1, T == 1; batch and group norm, channels-last): per p, x is an
 // (A, C*K) matrix whose column j belongs to group c = j / K.
 //
-// Block of 256 threads = (TY row groups) x (TX threads across columns); each thread owns VEC
-// consecutive columns (one 16-byte vector when rows are vector-aligned), so a warp reads whole
-// contiguous row segments. Block b covers one row slice (rows_per_slice rows, norm.h) of one
-// column tile (TX*VEC columns) of one p; thread (tx, ty) walks rows a0+ty, a0+ty+TY, ...,
-// with 4 rows of loads in flight.
+// Block = (TY row groups) x (TX threads across columns), TX a power of two <= 32; each thread
+// owns VEC consecutive columns (one 16-byte vector when rows are vector-aligned), so a warp reads
+// whole contiguous row segments. Block b covers one row slice (rps rows) of one column tile
+// (TX*VEC columns) of one p; thread (tx, ty) walks rows a0+ty, a0+ty+TY, ... with several rows
+// of loads in flight (pipelined, cuda_kernels.cuh).
 //   stats  Welford's update per column on x - shift (shift = the slice's first row), row groups
-//          tree-merged with Chan's update; the slice's (mean, M2) go to the double workspace.
-//          Traffic: read x.
-//   apply  y = (x - mean)*(rstd*scale) + bias with per-column coefficients in registers.
-//          Blocks run in reverse order, so the first reads hit what the stats pass left in L2.
-//          Traffic: read x, write y.
+//          tree-merged with Chan's update; the slice's (mean, M2) go to the double workspace
+//          (rows_per_slice(s) rows per slice, norm.h). Traffic: read x.
+//   apply  y = (x - mean)*(rstd*scale) + bias with per-column coefficients in registers. One
+//          wave of blocks (4 per SM: 1024 threads x 4 loads x 16 bytes = 64 KB in flight per
+//          SM), each loading its coefficients once (a short-lived block spent more on that
+//          than on its 16 rows) and then streaming ~800 bytes per thread on the 64x112x112x64
+//          shapes. Reverse block order, so that after the stats pass the first reads hit what
+//          it left in L2. Traffic: read x, write y.
 //   grads  per-column sums of dy and dy*(x - mean) over the slice, tree-summed across row
-//          groups.  Traffic: read x, dy.
-//   dx     dx = scale*rstd*dy + (x - mean)*c1 + c2, reverse block order.
+//          groups. In inference dx = scale*rstd*dy is written on the way (it needs no sums).
+//          Traffic: read x, dy (and write dx in inference).
+//   dx     training: dx = scale*rstd*dy + (x - mean)*c1 + c2, one wave like apply.
 //          Traffic: read x, dy, write dx.
+//   fused  the single-pass training forward (cuda_kernels.cuh): one 256-thread block per row
+//          slice of each (p, tile), as many slices as blocks fit; the slice's last rows are
+//          stashed in shared memory. Per block: phase 1 as stats, phase 3 as apply over the
+//          stash and then the streamed rows in reverse.
+//          Traffic: read x, write y, re-read the rows that were neither stashed nor L2-resident.
 
 #include "cc/norm/cuda_kernels.cuh"
 
@@ -26,14 +35,15 @@ constexpr int kThreads = 256;
 constexpr int kLoadsInFlight = 4;  // 16-byte loads each thread issues before using them
 
 struct ColumnGrid {
-  int tx, ty;  // threads across columns (a power of two <= 32), row groups (kThreads / tx)
-  int64_t tiles, slices, rps, blocks;
+  int tx, ty;  // threads across columns (a power of two <= 32), row groups (threads / tx)
+  int64_t tiles, rps, slices, blocks;  // column tiles; rows per slice, slices per p
 };
 
-// This thread's place: batch p, slice s (rows [a0, a1)), first column j.
+// This thread's place: batch p, slice s (rows [a0, a1)), tile columns [j0, j0 + w), first
+// column j; its rows are row(i) = a0 + ty + i*TY for i in [0, rows).
 struct ColumnThread {
-  int64_t p, s, a0, a1, j;
-  int tx, ty;
+  int64_t p, s, a0, a1, j0, w, j, rows;
+  int tx, ty, TY;
   bool active;
 
   __device__ ColumnThread(const Shape& sh, const ColumnGrid& g, int vec, bool reverse) {
@@ -43,74 +53,79 @@ struct ColumnThread {
     p = b / (g.tiles * g.slices);
     tx = int(threadIdx.x) % g.tx;
     ty = int(threadIdx.x) / g.tx;
+    TY = g.ty;
     a0 = s * g.rps;
     a1 = a0 + g.rps < sh.A ? a0 + g.rps : sh.A;
-    j = (tile * g.tx + tx) * vec;
+    j0 = tile * g.tx * vec;
+    w = sh.CK() - j0 < g.tx * vec ? sh.CK() - j0 : g.tx * vec;
+    j = j0 + int64_t(tx) * vec;
     active = j < sh.CK();
+    rows = active && a1 - a0 > ty ? (a1 - a0 - ty + TY - 1) / TY : 0;
   }
+  __device__ __forceinline__ int64_t row(int64_t i) const { return a0 + ty + i * TY; }
 };
 
-// Calls f(row offset, x values, dy values) for this thread's rows in order, loading a few rows
-// ahead. x and dy point at this thread's first column in row 0; kInputs == 1 reads x alone.
+// Calls f(row offset, x pack, dy pack) for this thread's rows, a few rows of loads in flight
+// (the packs are converted where they are used, so that only one row's values are live as
+// accumulators). x and dy point at this thread's first column in row 0; kInputs == 1 reads x
+// alone.
 template <typename D, int VEC, int kInputs, typename F>
-__device__ __forceinline__ void for_rows(const ColumnThread& t, const ColumnGrid& g, const D* x,
-                                         const D* dy, int64_t ld, F f) {
-  constexpr int U = kLoadsInFlight / kInputs;  // rows in flight
-  for (int64_t a = t.a0 + t.ty; a < t.a1; a += U * g.ty) {
-    A<D> xv[U][VEC], dv[U][VEC];
+__device__ __forceinline__ void for_rows(const ColumnThread& t, const D* x, const D* dy,
+                                         int64_t ld, F f) {
+  using Pk = PackOf<D, VEC>;
+  struct Rows {
+    Pk x, dy;
+  };
+  pipelined<kLoadsInFlight / kInputs, false>(
+      0, t.rows,
+      [&](int64_t i) {
+        Rows r;
+        r.x = Pk::load(x + t.row(i) * ld);
+        if constexpr (kInputs == 2) r.dy = Pk::load(dy + t.row(i) * ld);
+        return r;
+      },
+      [&](int64_t i, const Rows& r) { f(t.row(i) * ld, r.x, r.dy); });
+}
+
+// Welford's update of per-column moments (relative to shift) with one row of VEC values.
+template <typename D, int VEC>
+__device__ __forceinline__ void welford_row(const PackOf<D, VEC>& v, const A<D> (&shift)[VEC],
+                                            A<D>& n, A<D> (&mean)[VEC], A<D> (&m2)[VEC]) {
+  A<D> xv[VEC];
+  v.unpack(xv);
+  n += 1;
+  const A<D> inv = A<D>(1) / n;
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (a + u * g.ty < t.a1) {
-        load_vals<D, VEC>(x + (a + u * g.ty) * ld, xv[u]);
-        if constexpr (kInputs == 2) load_vals<D, VEC>(dy + (a + u * g.ty) * ld, dv[u]);
-      }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (a + u * g.ty < t.a1) f((a + u * g.ty) * ld, xv[u], dv[u]);
+  for (int e = 0; e < VEC; ++e) {
+    const A<D> xs = xv[e] - shift[e], d = xs - mean[e];
+    mean[e] += d * inv;
+    m2[e] += d * (xs - mean[e]);
   }
 }
 
-template <typename D, int VEC>
-__global__ void __launch_bounds__(kThreads) column_stats_kernel(Fwd<D> f, ColumnGrid g) {
-  using Acc = A<D>;
-  __shared__ Acc sn[kThreads];
-  __shared__ Acc smean[VEC][kThreads], sm2[VEC][kThreads];
-  const Shape& s = f.s;
-  const int64_t CK = s.CK();
-  const ColumnThread t(s, g, VEC, false);
-  const D* col = f.x + t.p * s.A * CK + t.j;
-  Acc shift[VEC] = {}, mean[VEC] = {}, m2[VEC] = {}, n = 0;
-  if (t.active) {
-    if (f.centered) load_vals<D, VEC>(col + t.a0 * CK, shift);
-    for_rows<D, VEC, 1>(t, g, col, nullptr, CK,
-                        [&](int64_t, const Acc(&v)[VEC], const Acc(&)[VEC]) {
-                          n += 1;
-                          const Acc inv = Acc(1) / n;
-#pragma unroll
-                          for (int e = 0; e < VEC; ++e) {  // Welford's update
-                            const Acc xv = v[e] - shift[e], d = xv - mean[e];
-                            mean[e] += d * inv;
-                            m2[e] += d * (xv - mean[e]);
-                          }
-                        });
-  }
-  // Tree-merge the row groups of each column (Chan's update, fixed order).
-  const int tid = threadIdx.x;
-  for (int half = g.ty; half > 1; half /= 2) {
-    sn[tid] = n;
+// Tree-merges the per-column moments of the TY row groups of a block (thread = ty*TX + tx, TY
+// a power of two) with Chan's update in a fixed order; row group 0 ends with the block's.
+// Every thread of the block calls it (it synchronises); scratch holds (1 + 2*VEC)*blockDim.x.
+template <typename Acc, int VEC>
+__device__ __forceinline__ void merge_row_groups(const ColumnThread& t, Acc& n, Acc (&mean)[VEC],
+                                                 Acc (&m2)[VEC], int TX, Acc* scratch) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  for (int half = t.TY; half > 1; half /= 2) {
+    scratch[tid] = n;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-      smean[e][tid] = mean[e];
-      sm2[e][tid] = m2[e];
+      scratch[(1 + e) * nt + tid] = mean[e];
+      scratch[(1 + VEC + e) * nt + tid] = m2[e];
     }
     __syncthreads();
     if (t.ty < half / 2) {
-      const int o = tid + (half / 2) * g.tx;
+      const int o = tid + (half / 2) * TX;
+      const Acc no = scratch[o];
       Moments<Acc> m{n, 0, 0};
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         m = {n, mean[e], m2[e]};
-        m.merge(sn[o], smean[e][o], sm2[e][o]);
+        m.merge(no, scratch[(1 + e) * nt + o], scratch[(1 + VEC + e) * nt + o]);
         mean[e] = m.mean;
         m2[e] = m.m2;
       }
@@ -118,51 +133,77 @@ __global__ void __launch_bounds__(kThreads) column_stats_kernel(Fwd<D> f, Column
     }
     __syncthreads();
   }
-  if (t.ty == 0 && t.active) {
-    const int64_t off = (t.p * g.slices + t.s) * CK + t.j;
+}
+
+// Calls f(e, group, affine index) for this thread's VEC columns j + e of batch p (one division
+// for all of them).
+template <int VEC, typename F>
+__device__ __forceinline__ void for_columns(const Shape& s, const ColumnThread& t, F f) {
+  int64_t c = t.j / s.K, k = t.j % s.K;
+  const int64_t affine = t.p / s.Pq() * s.CK() + t.j;
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {  // not centred (RMS): the mean is 0, M2 the sum of squares
-      const double m = double(shift[e]) + double(mean[e]);
-      f.ws0[off + e] = f.centered ? m : 0.0;
-      f.ws1[off + e] = f.centered ? double(m2[e]) : double(m2[e]) + double(n) * m * m;
+  for (int e = 0; e < VEC; ++e) {
+    f(e, t.p * s.C + c, affine + e);
+    if (++k == s.K) {
+      k = 0;
+      ++c;
     }
   }
 }
 
-// Per-column (mean, rstd) of this thread's columns.
-template <typename D, int VEC, typename View>
-__device__ __forceinline__ void column_moments(const View& v, const ColumnThread& t,
-                                               A<D> (&mu)[VEC], A<D> (&rs)[VEC]) {
+// Per-column mean and rstd*scale of this thread's columns (from the statistics outputs, or
+// inputs in inference), and the bias.
+template <typename D, int VEC>
+__device__ __forceinline__ void column_coefs(const Fwd<D>& f, const ColumnThread& t,
+                                             A<D> (&mu)[VEC], A<D> (&gg)[VEC], A<D> (&bb)[VEC]) {
+  for_columns<VEC>(f.s, t, [&](int e, int64_t grp, int64_t aff) {
+    mu[e] = f.mean[grp];
+    gg[e] = rstd_of<D>(f.var[grp], f.eps) * f.scale[aff];
+    bb[e] = f.bias[aff];
+  });
+}
+
+template <typename D, int VEC>
+__global__ void __launch_bounds__(kThreads) column_stats_kernel(Fwd<D> f, ColumnGrid g) {
+  using Acc = A<D>;
+  __shared__ Acc scratch[(1 + 2 * VEC) * kThreads];
+  const Shape& s = f.s;
+  const int64_t CK = s.CK();
+  const ColumnThread t(s, g, VEC, false);
+  const D* col = f.x + t.p * s.A * CK + t.j;
+  Acc shift[VEC] = {}, mean[VEC] = {}, m2[VEC] = {}, n = 0;
+  if (t.active) {
+    if (f.centered) load_vals<D, VEC>(col + t.a0 * CK, shift);
+    pipelined<kLoadsInFlight, false>(
+        0, t.rows, [&](int64_t i) { return PackOf<D, VEC>::load(col + t.row(i) * CK); },
+        [&](int64_t, const PackOf<D, VEC>& v) { welford_row<D, VEC>(v, shift, n, mean, m2); });
+  }
+  merge_row_groups<Acc, VEC>(t, n, mean, m2, g.tx, scratch);
+  if (t.ty == 0 && t.active) {
+    const int64_t off = (t.p * g.slices + t.s) * CK + t.j;
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    const int64_t grp = t.p * v.s.C + (t.j + e) / v.s.K;
-    mu[e] = v.mean[grp];
-    rs[e] = rstd_of<D>(v.var[grp], v.eps);
+    for (int e = 0; e < VEC; ++e)
+      store_partial(f.ws0, f.ws1, off + e, shift[e], n, mean[e], m2[e], f.centered);
   }
 }
 
 template <typename D, int VEC>
-__global__ void __launch_bounds__(kThreads) column_apply_kernel(Fwd<D> f, ColumnGrid g) {
+__global__ void __launch_bounds__(kThreads, 4) column_apply_kernel(Fwd<D> f, ColumnGrid g) {
   using Acc = A<D>;
   const Shape& s = f.s;
   const int64_t CK = s.CK();
   const ColumnThread t(s, g, VEC, true);
   if (!t.active) return;
-  Acc mu[VEC], gg[VEC], bb[VEC], sc[VEC];
-  column_moments<D, VEC>(f, t, mu, gg);
-  const int64_t affine = t.p / s.Pq() * CK + t.j;
-  load_params(f.scale + affine, sc);
-  load_params(f.bias + affine, bb);
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) gg[e] *= sc[e];
+  Acc mu[VEC], gg[VEC], bb[VEC];
+  column_coefs<D, VEC>(f, t, mu, gg, bb);
   const int64_t base = t.p * s.A * CK + t.j;
-  for_rows<D, VEC, 1>(t, g, f.x + base, nullptr, CK,
-                   [&](int64_t off, const Acc(&v)[VEC], const Acc(&)[VEC]) {
-                     Acc out[VEC];
+  for_rows<D, VEC, 1>(t, f.x + base, nullptr, CK, [&](int64_t off, const auto& v, const auto&) {
+    Acc out[VEC];
+    v.unpack(out);
 #pragma unroll
-                     for (int e = 0; e < VEC; ++e) out[e] = (v[e] - mu[e]) * gg[e] + bb[e];
-                     store_vals<D, VEC>(f.y + base + off, out);
-                   });
+    for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu[e]) * gg[e] + bb[e];
+    store_vals<D, VEC>(f.y + base + off, out);
+  });
 }
 
 template <typename D, int VEC>
@@ -172,18 +213,27 @@ __global__ void __launch_bounds__(kThreads) column_grads_kernel(Bwd<D> b, Column
   const Shape& s = b.s;
   const int64_t CK = s.CK();
   const ColumnThread t(s, g, VEC, false);
-  Acc mu[VEC], rs[VEC], sdy[VEC] = {}, sdyx[VEC] = {};
+  Acc mu[VEC], rs[VEC], gr[VEC], sdy[VEC] = {}, sdyx[VEC] = {};
   if (t.active) {
-    column_moments<D, VEC>(b, t, mu, rs);
+    for_columns<VEC>(s, t, [&](int e, int64_t grp, int64_t aff) {
+      mu[e] = b.mean[grp];
+      rs[e] = rstd_of<D>(b.var[grp], b.eps);
+      gr[e] = b.coef_fn.training ? Acc(0) : rs[e] * b.scale[aff];
+    });
     const int64_t base = t.p * s.A * CK + t.j;
-    for_rows<D, VEC, 2>(t, g, b.x + base, b.dy + base, CK,
-                     [&](int64_t, const Acc(&x)[VEC], const Acc(&d)[VEC]) {
+    for_rows<D, VEC, 2>(t, b.x + base, b.dy + base, CK,
+                        [&](int64_t off, const auto& x, const auto& dy) {
+                          Acc xv[VEC], d[VEC], dx[VEC];
+                          x.unpack(xv);
+                          dy.unpack(d);
 #pragma unroll
-                       for (int e = 0; e < VEC; ++e) {
-                         sdy[e] += d[e];
-                         sdyx[e] += d[e] * (x[e] - mu[e]);
-                       }
-                     });
+                          for (int e = 0; e < VEC; ++e) {
+                            sdy[e] += d[e];
+                            sdyx[e] += d[e] * (xv[e] - mu[e]);
+                            dx[e] = gr[e] * d[e];
+                          }
+                          if (!b.coef_fn.training) store_vals<D, VEC>(b.dx + base + off, dx);
+                        });
   }
   const int tid = threadIdx.x;
   for (int half = g.ty; half > 1; half /= 2) {  // tree-sum the row groups, fixed order
@@ -220,97 +270,196 @@ __global__ void __launch_bounds__(kThreads) column_dx_kernel(Bwd<D> b, ColumnGri
   const int64_t CK = s.CK();
   const ColumnThread t(s, g, VEC, true);
   if (!t.active) return;
-  Acc mu[VEC], gr[VEC], sc[VEC], c1[VEC], c2[VEC];
-  column_moments<D, VEC>(b, t, mu, gr);
-  load_params(b.scale + t.p / s.Pq() * CK + t.j, sc);
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    const int64_t grp = t.p * s.C + (t.j + e) / s.K;
-    gr[e] *= sc[e];
+  Acc mu[VEC], gr[VEC], c1[VEC], c2[VEC];
+  for_columns<VEC>(s, t, [&](int e, int64_t grp, int64_t aff) {
+    mu[e] = b.mean[grp];
+    gr[e] = rstd_of<D>(b.var[grp], b.eps) * b.scale[aff];
     c1[e] = b.coef[2 * grp];
     c2[e] = b.coef[2 * grp + 1];
-  }
+  });
   const int64_t base = t.p * s.A * CK + t.j;
-  for_rows<D, VEC, 2>(t, g, b.x + base, b.dy + base, CK,
-                   [&](int64_t off, const Acc(&x)[VEC], const Acc(&d)[VEC]) {
-                     Acc out[VEC];
+  for_rows<D, VEC, 2>(t, b.x + base, b.dy + base, CK,
+                      [&](int64_t off, const auto& x, const auto& dy) {
+                        Acc xv[VEC], d[VEC], out[VEC];
+                        x.unpack(xv);
+                        dy.unpack(d);
 #pragma unroll
-                     for (int e = 0; e < VEC; ++e)
-                       out[e] = gr[e] * d[e] + (x[e] - mu[e]) * c1[e] + c2[e];
-                     store_vals<D, VEC>(b.dx + base + off, out);
-                   });
+                        for (int e = 0; e < VEC; ++e)
+                          out[e] = gr[e] * d[e] + (xv[e] - mu[e]) * c1[e] + c2[e];
+                        store_vals<D, VEC>(b.dx + base + off, out);
+                      });
 }
 
-ColumnGrid column_grid(const Shape& s, int vec) {
+template <typename D, int VEC>
+__global__ void __launch_bounds__(kFusedThreads, 1)
+    column_fused_kernel(Fwd<D> f, ColumnGrid g, int64_t keep) {
+  using Acc = A<D>;
+  using Pk = PackOf<D, VEC>;
+  extern __shared__ uint4 stash_words[];
+  __shared__ Acc scratch[(1 + 2 * VEC) * kFusedThreads];
+  D* const stash = reinterpret_cast<D*>(stash_words);
+  const Shape& s = f.s;
+  const int64_t CK = s.CK();
+  const ColumnThread t(s, g, VEC, false);
+  // Rows [kept, a1) of the slice stay in shared memory, row-major over the tile's w columns:
+  // this thread's rows from index `split` on.
+  const int64_t kept = t.a1 - min(t.a1 - t.a0, keep / t.w);
+  const int64_t ahead = kept - t.a0 - t.ty;
+  const int64_t split = ahead <= 0 ? 0 : min(t.rows, (ahead + t.TY - 1) / t.TY);
+  const D* x = f.x + t.p * s.A * CK + t.j;  // this thread's column in row 0 of batch p
+  auto global = [&](int64_t i) { return x + t.row(i) * CK; };
+  auto local = [&](int64_t i) { return stash + (t.row(i) - kept) * t.w + (t.j - t.j0); };
+  for (int64_t i = split; i < t.rows; ++i) cuda::cp_async16(local(i), global(i));
+
+  // Phase 1: Welford per column over the streamed rows, then (copies landed) the stashed ones.
+  Acc shift[VEC] = {}, mean[VEC] = {}, m2[VEC] = {}, n = 0;
+  if (t.active) {
+    if (f.centered) load_vals<D, VEC>(x + t.a0 * CK, shift);
+    auto welford = [&](int64_t, const Pk& v) { welford_row<D, VEC>(v, shift, n, mean, m2); };
+    pipelined<kFusedInFlight, false>(0, split, [&](int64_t i) { return Pk::load(global(i)); },
+                                     welford);
+    cuda::cp_async_wait_all();
+    pipelined<kFusedInFlight, false>(split, t.rows,
+                                     [&](int64_t i) { return Pk::load(local(i)); }, welford);
+  }
+  merge_row_groups<Acc, VEC>(t, n, mean, m2, g.tx, scratch);
+  if (t.ty == 0 && t.active) {
+    const int64_t off = (t.p * g.slices + t.s) * CK + t.j;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      store_partial(f.ws0, f.ws1, off + e, shift[e], n, mean[e], m2[e], f.centered);
+  }
+  grid_sync();
+
+  // Phase 2: group (p, c) merges the (slice, k) partials of its K columns.
+  merge_groups(f, g.slices * s.K, [&](int64_t grp, int64_t i, int64_t* idx) {
+    const int64_t sl = i / s.K;
+    *idx = (grp / s.C * g.slices + sl) * CK + grp % s.C * s.K + i % s.K;
+    return double(min(g.rps, s.A - sl * g.rps));
+  });
+  grid_sync();
+
+  // Phase 3: y from the stash, then from the streamed rows, latest-read first.
+  if (!t.active) return;
+  Acc mu[VEC], gg[VEC], bb[VEC];
+  column_coefs<D, VEC>(f, t, mu, gg, bb);
+  D* const y = f.y + t.p * s.A * CK + t.j;
+  auto apply = [&](int64_t i, const Pk& v) {
+    Acc out[VEC];
+    v.unpack(out);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu[e]) * gg[e] + bb[e];
+    store_vals<D, VEC>(y + t.row(i) * CK, out);
+  };
+  pipelined<kFusedInFlight, true>(split, t.rows, [&](int64_t i) { return Pk::load(local(i)); },
+                                  apply);
+  pipelined<kFusedInFlight, true>(0, split,
+                                  [&](int64_t i) { return Pk::load_stream(global(i)); }, apply);
+}
+
+// The grid of `threads`-thread blocks over slices of `rps` rows.
+ColumnGrid column_grid(const Shape& s, int vec, int threads, int64_t rps) {
   ColumnGrid g;
   const int64_t vecs = (s.CK() + vec - 1) / vec;
   g.tx = 1;
   while (g.tx < 32 && g.tx < vecs) g.tx *= 2;
-  g.ty = kThreads / g.tx;
+  g.ty = threads / g.tx;
   g.tiles = (vecs + g.tx - 1) / g.tx;
-  g.slices = num_slices(s);
-  g.rps = rows_per_slice(s);
+  g.rps = std::max<int64_t>(1, rps);
+  g.slices = (s.A + g.rps - 1) / g.rps;
   g.blocks = s.P * g.slices * g.tiles;
   return g;
 }
 
-// Launches kernel<D, VEC> over the column grid with VEC = a 16-byte vector when every row of
-// the given buffers starts 16-byte aligned, else 1.
-template <typename D, template <typename, int> class Launch, typename View>
-Status launch_columns(const View& v, bool aligned, const char* name, cudaStream_t st) {
-  const bool vec = aligned && v.s.CK() % Vec<D>::kN == 0;
-  const ColumnGrid g = column_grid(v.s, vec ? Vec<D>::kN : 1);
-  if (vec) Launch<D, Vec<D>::kN>::run(v, g, st);
-  else Launch<D, 1>::run(v, g, st);
-  return cuda::check_launch(name);
+// The grid of the partial-sum passes (stats, grads): the slices of the workspace (norm.h).
+ColumnGrid partial_grid(const Shape& s, int vec) {
+  return column_grid(s, vec, kThreads, rows_per_slice(s));
 }
 
-#define JAXDNN_COLUMN_LAUNCH(Name, kernel, View)                                         \
-  template <typename D, int VEC>                                                         \
-  struct Name {                                                                          \
-    static void run(const View<D>& v, const ColumnGrid& g, cudaStream_t st) {            \
-      kernel<D, VEC><<<unsigned(g.blocks), kThreads, 0, st>>>(v, g);                     \
-    }                                                                                    \
-  };
-JAXDNN_COLUMN_LAUNCH(StatsLaunch, column_stats_kernel, Fwd)
-JAXDNN_COLUMN_LAUNCH(ApplyLaunch, column_apply_kernel, Fwd)
-JAXDNN_COLUMN_LAUNCH(GradsLaunch, column_grads_kernel, Bwd)
-JAXDNN_COLUMN_LAUNCH(DxLaunch, column_dx_kernel, Bwd)
-#undef JAXDNN_COLUMN_LAUNCH
+// The grid of the elementwise passes (apply, dx): one wave of `per_sm` blocks per SM.
+ColumnGrid wave_grid(const Shape& s, int vec, int per_sm) {
+  const int64_t tiles = partial_grid(s, vec).tiles;
+  const int64_t want = std::max<int64_t>(
+      1, int64_t(cuda::sm_count()) * per_sm / std::max<int64_t>(1, s.P * tiles));
+  return column_grid(s, vec, kThreads, (s.A + want - 1) / want);
+}
+
+// Launches `vector` (kernel<D, 16-byte VEC>) when every row of the buffers starts 16-byte
+// aligned, else `scalar` (kernel<D, 1>), over the partial grid or (kWave) one wave.
+template <bool kWave, typename View, typename Kernel>
+Status launch_columns(const View& v, bool aligned, Kernel scalar, Kernel vector, int vec_n,
+                      const char* name, cudaStream_t st) {
+  const bool vec = aligned && v.s.CK() % vec_n == 0;
+  const Kernel kernel = vec ? vector : scalar;
+  ColumnGrid g = partial_grid(v.s, vec ? vec_n : 1);
+  if constexpr (kWave) {
+    int per_sm = 0;
+    if (Status e = cuda::check(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0), name);
+        !e.ok())
+      return e;
+    g = wave_grid(v.s, vec ? vec_n : 1, per_sm);
+  }
+  kernel<<<unsigned(g.blocks), kThreads, 0, st>>>(v, g);
+  return cuda::check_launch(name);
+}
 
 }  // namespace
 
 template <typename D>
 Status column_stats(const Fwd<D>& f, cudaStream_t st) {
-  return launch_columns<D, StatsLaunch>(f, cuda::vec_aligned(f.x), "norm column_stats_kernel", st);
+  return launch_columns<false>(f, cuda::vec_aligned(f.x), column_stats_kernel<D, 1>,
+                               column_stats_kernel<D, Vec<D>::kN>, Vec<D>::kN,
+                               "norm column_stats_kernel", st);
 }
 
 template <typename D>
 Status column_apply(const Fwd<D>& f, cudaStream_t st) {
-  return launch_columns<D, ApplyLaunch>(f,
-                                        cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y) &&
-                                            cuda::vec_aligned(f.scale) && cuda::vec_aligned(f.bias),
-                                        "norm column_apply_kernel", st);
+  return launch_columns<true>(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
+                              column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>,
+                              Vec<D>::kN, "norm column_apply_kernel", st);
 }
 
 template <typename D>
 Status column_grads(const Bwd<D>& b, cudaStream_t st) {
-  return launch_columns<D, GradsLaunch>(b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy),
-                                        "norm column_grads_kernel", st);
+  return launch_columns<false>(
+      b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx),
+      column_grads_kernel<D, 1>, column_grads_kernel<D, Vec<D>::kN>, Vec<D>::kN,
+      "norm column_grads_kernel", st);
 }
 
 template <typename D>
 Status column_dx(const Bwd<D>& b, cudaStream_t st) {
-  return launch_columns<D, DxLaunch>(
-      b,
-      cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx) &&
-          cuda::vec_aligned(b.scale),
+  return launch_columns<true>(
+      b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx),
+      column_dx_kernel<D, 1>, column_dx_kernel<D, Vec<D>::kN>, Vec<D>::kN,
       "norm column_dx_kernel", st);
+}
+
+template <typename D>
+Status column_fused(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+  constexpr int N = Vec<D>::kN;
+  const Shape& s = f.s;
+  *ran = false;
+  if (s.CK() % N != 0 || !cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y)) return Status::Ok();
+  auto kernel = column_fused_kernel<D, N>;
+  FusedCapacity cap;
+  Status status = fused_capacity(kernel, &cap);
+  const int64_t tiles = column_grid(s, N, kFusedThreads, 1).tiles;
+  if (!status.ok() || cap.blocks < s.P * tiles) return status;
+  // As many slices per (p, tile) as blocks allow, never more than the workspace holds.
+  const int64_t per_p = cap.blocks / (s.P * tiles);
+  const ColumnGrid g =
+      column_grid(s, N, kFusedThreads, std::max(rows_per_slice(s), (s.A + per_p - 1) / per_p));
+  *ran = true;
+  return launch_cooperative(kernel, g.blocks, cap.stash_bytes, st, "norm column_fused_kernel", f,
+                            g, cap.stash_bytes / int64_t(sizeof(D)));
 }
 
 JAXDNN_NORM_CUDA_INSTANTIATE(column_stats, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(column_apply, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(column_grads, Bwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(column_dx, Bwd);
+JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(column_fused);
 
 }  // namespace jaxdnn::norm::cuda_impl

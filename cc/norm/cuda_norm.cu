@@ -1,4 +1,6 @@
 // CUDA norm entry points: pick the path (norm.h), enqueue its passes, and merge the partials.
+// Training forward of the column and segment paths: the single-pass cooperative kernel
+// (cuda_kernels.cuh) where it applies, else three passes: stats, merge, apply.
 //
 // Merge kernels (fixed combination order, so results are bitwise reproducible):
 //   stats   one block per group (p, c): threads take the (slice, k) partials in strides,
@@ -154,14 +156,20 @@ Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_
   switch (path_of(p.s)) {
     case Path::kRow:
       return row_forward(f, st);
-    case Path::kColumn:
+    case Path::kColumn: {
       if (!training) return column_apply(f, st);
+      bool fused = false;
+      if (Status s = column_fused(f, st, &fused); !s.ok() || fused) return s;
       return run_steps([&] { return column_stats(f, st); }, [&] { return merge_stats(f, st); },
                        [&] { return column_apply(f, st); });
-    case Path::kSegment:
+    }
+    case Path::kSegment: {
       if (!training) return segment_apply(f, st);
+      bool fused = false;
+      if (Status s = segment_fused(f, st, &fused); !s.ok() || fused) return s;
       return run_steps([&] { return segment_stats(f, st); }, [&] { return merge_stats(f, st); },
                        [&] { return segment_apply(f, st); });
+    }
   }
   return Status::Error("norm: unknown path");
 }
@@ -198,20 +206,20 @@ Status backward(const Problem& p, const BwdBuffers& b, cudaStream_t st) {
       return run_steps([&] { return row_backward(v, slices, st); },
                        [&] { return reduce_params(v.ws0, v.ws1, dscale, dbias, s, slices, st); });
     }
-    case Path::kColumn:
+    case Path::kColumn:  // (inference: column_grads writes dx too)
       return run_steps([&] { return column_grads(v, st); }, [&] { return merge_grads(v, st); },
                        [&] {
                          return reduce_params(v.ws0, v.ws1, dscale, dbias, s,
                                               s.Pq() * num_slices(s), st);
                        },
-                       [&] { return column_dx(v, st); });
-    case Path::kSegment:
+                       [&] { return b.training ? column_dx(v, st) : Status::Ok(); });
+    case Path::kSegment:  // (inference: segment_grads writes dx too)
       return run_steps([&] { return segment_grads(v, st); }, [&] { return merge_grads(v, st); },
                        [&] {
                          return reduce_params(v.ws0, v.ws1, dscale, dbias, s,
                                               s.Pq() * num_slices(s), st);
                        },
-                       [&] { return segment_dx(v, st); });
+                       [&] { return b.training ? segment_dx(v, st) : Status::Ok(); });
   }
   return Status::Error("norm: unknown path");
 }

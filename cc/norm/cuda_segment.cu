@@ -6,15 +6,24 @@
 // Block of 256 threads: RT = 32 threads per segment (8 segments per block) for short segments,
 // or RT = 256 (one segment per block); each thread strides through its segment in VEC-value
 // chunks (16-byte vectors when T keeps every segment aligned), a warp reading 512 contiguous
-// bytes per step. Blocks loop over segment groups (grid-stride).
+// bytes per step, several steps of loads in flight (pipelined, cuda_kernels.cuh). Blocks loop
+// over segment groups (grid-stride).
 //   stats  exact chunk moments of x - shift (shift = the segment's first value), merged per
 //          thread and then across the RT lanes with Chan's update; (mean, M2) in double.
 //          Traffic: read x.
 //   apply  y = (x - mean)*(rstd*scale) + bias; segments in reverse order for L2 reuse.
 //          Traffic: read x, write y.
-//   grads  sums of dy and dy*(x - mean) per segment.        Traffic: read x, dy.
-//   dx     dx = scale*rstd*dy + (x - mean)*c1 + c2, reverse order.
+//   grads  sums of dy and dy*(x - mean) per segment; in inference dx = scale*rstd*dy on the way.
+//          Traffic: read x, dy (and write dx in inference).
+//   dx     training: dx = scale*rstd*dy + (x - mean)*c1 + c2, reverse order.
 //          Traffic: read x, dy, write dx.
+//   fused  the single-pass training forward (cuda_kernels.cuh) over units: piece q of segment r
+//          (segment_piece_len(s) values, norm.h), unit u = r*pieces + q, its partial at index u.
+//          Block b owns a contiguous run of units (so a contiguous slice of x, whose tail is
+//          stashed); its warps take the units in turn, a lane every 32nd vector, partials
+//          merged per warp by shuffles (no block barrier per unit). Pieces keep every warp busy
+//          when segments are few and long (a small batch of large images).
+//          Traffic: read x, write y, re-read what was neither stashed nor L2-resident.
 
 #include "cc/norm/cuda_kernels.cuh"
 
@@ -22,6 +31,7 @@ namespace jaxdnn::norm::cuda_impl {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kLoadsInFlight = 4;  // 16-byte loads each thread issues before using them
 
 struct SegmentGrid {
   int rt, per_block;  // threads per segment, segments per block
@@ -48,11 +58,47 @@ __device__ __forceinline__ void for_segment_groups(const SegmentGrid& g, bool re
   }
 }
 
+// Calls f(offset, x values, dy values) for the VEC-value chunks lane, lane + rt, ... of the
+// segment at x (and dy), a few chunks of loads in flight; kInputs == 1 reads x alone.
+template <typename D, int VEC, int kInputs, typename F>
+__device__ __forceinline__ void for_chunks(const D* x, const D* dy, int64_t T, int lane, int rt,
+                                           F f) {
+  using Pk = PackOf<D, VEC>;
+  struct Chunks {
+    Pk x, dy;
+  };
+  const int64_t chunks = T / VEC, mine = chunks > lane ? (chunks - lane + rt - 1) / rt : 0;
+  auto at = [&](int64_t m) { return (lane + m * rt) * VEC; };
+  pipelined<kLoadsInFlight / kInputs, false>(
+      0, mine,
+      [&](int64_t m) {
+        Chunks c;
+        c.x = Pk::load(x + at(m));
+        if constexpr (kInputs == 2) c.dy = Pk::load(dy + at(m));
+        return c;
+      },
+      [&](int64_t m, const Chunks& c) {
+        A<D> xv[VEC], dv[VEC];
+        c.x.unpack(xv);
+        if constexpr (kInputs == 2) c.dy.unpack(dv);
+        f(at(m), xv, dv);
+      });
+}
+
 // Sum over the RT lanes of a segment (a warp, or the block); every thread must call it.
 template <typename Acc>
 __device__ __forceinline__ Acc lane_sum(Acc v, Acc* scratch, int rt) {
   if (rt == 32) return cuda::warp_reduce(v, cuda::SumOp{});
   return cuda::block_reduce(v, cuda::SumOp{}, Acc(0), scratch);
+}
+
+// Adds VEC values, shifted, to per-thread moments: the chunk's exact moments, one Chan update.
+template <typename Acc, int VEC>
+__device__ __forceinline__ void add_shifted(Moments<Acc>& m, const Acc (&v)[VEC], Acc shift) {
+  Acc c[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) c[e] = v[e] - shift;
+  add_chunk<Acc, VEC>(m, c, VEC);
 }
 
 template <typename D, int VEC>
@@ -67,27 +113,21 @@ __global__ void __launch_bounds__(kThreads) segment_stats_kernel(Fwd<D> f, Segme
     if (r < g.segs) {
       const D* x = f.x + r * T;
       if (f.centered) shift = to_acc(x[0]);
-#pragma unroll 4
-      for (int64_t i = int64_t(lane) * VEC; i < T; i += int64_t(g.rt) * VEC) {
-        Acc v[VEC];
-        load_vals<D, VEC>(x + i, v);
-        if (f.centered) {
+      for_chunks<D, VEC, 1>(x, nullptr, T, lane, g.rt,
+                            [&](int64_t, const Acc(&v)[VEC], const Acc(&)[VEC]) {
+                              if (f.centered) {
+                                add_shifted<Acc, VEC>(m, v, shift);
+                              } else {
+                                Acc q = 0;
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) v[e] -= shift;
-          add_chunk<Acc, VEC>(m, v, VEC);
-        } else {
-          Acc q = 0;
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) q += v[e] * v[e];
-          m.merge(Acc(VEC), 0, q);
-        }
-      }
+                                for (int e = 0; e < VEC; ++e) q += v[e] * v[e];
+                                m.merge(Acc(VEC), 0, q);
+                              }
+                            });
     }
     m = merge_group(m, sm, base, lane, g.rt, 1);
-    if (r < g.segs && lane == 0) {
-      f.ws0[r] = double(shift) + double(m.mean);
-      f.ws1[r] = double(m.m2);
-    }
+    if (r < g.segs && lane == 0)
+      store_partial(f.ws0, f.ws1, r, shift, m.n, m.mean, m.m2, f.centered);
     __syncthreads();  // sm is reused by the next group
   });
 }
@@ -102,13 +142,13 @@ __global__ void __launch_bounds__(kThreads) segment_apply_kernel(Fwd<D> f, Segme
     const SegmentPlace pl(f.s, r);
     const Acc mu = f.mean[pl.group], b = f.bias[pl.affine];
     const Acc gg = rstd_of<D>(f.var[pl.group], f.eps) * f.scale[pl.affine];
-    for (int64_t i = int64_t(lane) * VEC; i < T; i += int64_t(g.rt) * VEC) {
-      Acc v[VEC];
-      load_vals<D, VEC>(f.x + r * T + i, v);
+    for_chunks<D, VEC, 1>(f.x + r * T, nullptr, T, lane, g.rt,
+                          [&](int64_t i, const Acc(&v)[VEC], const Acc(&)[VEC]) {
+                            Acc out[VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) v[e] = (v[e] - mu) * gg + b;
-      store_vals<D, VEC>(f.y + r * T + i, v);
-    }
+                            for (int e = 0; e < VEC; ++e) out[e] = (v[e] - mu) * gg + b;
+                            store_vals<D, VEC>(f.y + r * T + i, out);
+                          });
   });
 }
 
@@ -124,17 +164,18 @@ __global__ void __launch_bounds__(kThreads) segment_grads_kernel(Bwd<D> b, Segme
       const SegmentPlace pl(b.s, r);
       const Acc mu = b.mean[pl.group];
       rs = rstd_of<D>(b.var[pl.group], b.eps);
-#pragma unroll 4
-      for (int64_t i = int64_t(lane) * VEC; i < T; i += int64_t(g.rt) * VEC) {
-        Acc x[VEC], d[VEC];
-        load_vals<D, VEC>(b.x + r * T + i, x);
-        load_vals<D, VEC>(b.dy + r * T + i, d);
+      const Acc gr = b.coef_fn.training ? Acc(0) : rs * b.scale[pl.affine];
+      for_chunks<D, VEC, 2>(b.x + r * T, b.dy + r * T, T, lane, g.rt,
+                            [&](int64_t i, const Acc(&x)[VEC], const Acc(&d)[VEC]) {
+                              Acc dx[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          sdy += d[e];
-          sdyx += d[e] * (x[e] - mu);
-        }
-      }
+                              for (int e = 0; e < VEC; ++e) {
+                                sdy += d[e];
+                                sdyx += d[e] * (x[e] - mu);
+                                dx[e] = gr * d[e];
+                              }
+                              if (!b.coef_fn.training) store_vals<D, VEC>(b.dx + r * T + i, dx);
+                            });
     }
     sdy = lane_sum(sdy, scratch, g.rt);
     sdyx = lane_sum(sdyx, scratch, g.rt);
@@ -155,15 +196,113 @@ __global__ void __launch_bounds__(kThreads) segment_dx_kernel(Bwd<D> b, SegmentG
     const SegmentPlace pl(b.s, r);
     const Acc mu = b.mean[pl.group], c1 = b.coef[2 * pl.group], c2 = b.coef[2 * pl.group + 1];
     const Acc gr = rstd_of<D>(b.var[pl.group], b.eps) * b.scale[pl.affine];
-    for (int64_t i = int64_t(lane) * VEC; i < T; i += int64_t(g.rt) * VEC) {
-      Acc x[VEC], d[VEC];
-      load_vals<D, VEC>(b.x + r * T + i, x);
-      load_vals<D, VEC>(b.dy + r * T + i, d);
+    for_chunks<D, VEC, 2>(b.x + r * T, b.dy + r * T, T, lane, g.rt,
+                          [&](int64_t i, const Acc(&x)[VEC], const Acc(&d)[VEC]) {
+                            Acc out[VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) d[e] = gr * d[e] + (x[e] - mu) * c1 + c2;
-      store_vals<D, VEC>(b.dx + r * T + i, d);
-    }
+                            for (int e = 0; e < VEC; ++e)
+                              out[e] = gr * d[e] + (x[e] - mu) * c1 + c2;
+                            store_vals<D, VEC>(b.dx + r * T + i, out);
+                          });
   });
+}
+
+// Units of the fused forward: unit u = piece u % pieces of segment u / pieces, values
+// [q*len, min(T, (q + 1)*len)) of it; consecutive units are contiguous in x.
+struct SegmentUnits {
+  int64_t T, len, pieces, units;
+  __device__ __forceinline__ int64_t begin(int64_t u) const {
+    return u / pieces * T + u % pieces * len;
+  }
+  __device__ __forceinline__ int64_t size(int64_t u) const {
+    const int64_t q = u % pieces;
+    return min(T, (q + 1) * len) - q * len;
+  }
+};
+
+template <typename D, int VEC>
+__global__ void __launch_bounds__(kFusedThreads, 1)
+    segment_fused_kernel(Fwd<D> f, SegmentUnits su, int64_t keep) {
+  using Acc = A<D>;
+  using Pk = PackOf<D, VEC>;
+  extern __shared__ uint4 stash_words[];
+  D* const stash = reinterpret_cast<D*>(stash_words);
+  const Shape& s = f.s;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = kFusedThreads / 32;
+  // Units [u0, u1): x[e0, e1), of which [kept, e1) stays in shared memory.
+  const int64_t u0 = su.units * blockIdx.x / gridDim.x,
+                u1 = su.units * (blockIdx.x + 1) / gridDim.x;
+  const int64_t e0 = su.begin(u0), e1 = su.begin(u1 - 1) + su.size(u1 - 1);
+  const int64_t kept = e1 - min(e1 - e0, keep);
+  // The lane's chunks of unit u: values at(m) = first + 32*m*VEC, m in [0, count); those from
+  // split on are stashed (at stash + at(m) - kept).
+  struct Chunks {
+    int64_t first, count, split;
+    __device__ int64_t at(int64_t m) const { return first + 32 * m * VEC; }
+  };
+  auto chunks_of = [&](int64_t u) {
+    const int64_t begin = su.begin(u), n = su.size(u) / VEC;
+    const int64_t stashed = kept - begin;  // first stashed value of the unit, relative
+    const int64_t ahead = (stashed > 0 ? (stashed + VEC - 1) / VEC : 0) - lane;
+    Chunks c{begin + lane * VEC, n > lane ? (n - lane + 31) / 32 : 0, 0};
+    c.split = ahead <= 0 ? 0 : min(c.count, (ahead + 31) / 32);
+    return c;
+  };
+  for (int64_t u = u0 + warp; u < u1; u += warps) {
+    const Chunks c = chunks_of(u);
+    for (int64_t m = c.split; m < c.count; ++m)
+      cuda::cp_async16(stash + (c.at(m) - kept), f.x + c.at(m));
+  }
+
+  // Phase 1: per unit, the lanes' chunk moments (streamed chunks, then stashed), warp-merged.
+  for (int64_t u = u0 + warp; u < u1; u += warps) {
+    const Chunks c = chunks_of(u);
+    const Acc shift = f.centered ? to_acc(f.x[su.begin(u)]) : Acc(0);
+    Moments<Acc> m{0, 0, 0};
+    auto add = [&](int64_t, const Pk& v) {
+      Acc x[VEC];
+      v.unpack(x);
+      add_shifted<Acc, VEC>(m, x, shift);
+    };
+    pipelined<kFusedInFlight, false>(0, c.split,
+                                     [&](int64_t i) { return Pk::load(f.x + c.at(i)); }, add);
+    if (c.split < c.count) cuda::cp_async_wait_all();
+    pipelined<kFusedInFlight, false>(
+        c.split, c.count, [&](int64_t i) { return Pk::load(stash + (c.at(i) - kept)); }, add);
+    m = warp_merge(m);
+    if (lane == 0) store_partial(f.ws0, f.ws1, u, shift, m.n, m.mean, m.m2, f.centered);
+  }
+  grid_sync();
+
+  // Phase 2: group (p, c) merges the units of its A*K segments.
+  merge_groups(f, s.A * s.K * su.pieces, [&](int64_t grp, int64_t i, int64_t* idx) {
+    const int64_t q = i % su.pieces, k = i / su.pieces % s.K, a = i / (su.pieces * s.K);
+    const int64_t r = ((grp / s.C * s.A + a) * s.C + grp % s.C) * s.K + k;
+    *idx = r * su.pieces + q;
+    return double(su.size(*idx));
+  });
+  grid_sync();
+
+  // Phase 3: units in reverse, each from the stash and then from the streamed chunks.
+  const int64_t mine = u1 - u0 > warp ? (u1 - u0 - warp + warps - 1) / warps : 0;
+  for (int64_t k = mine - 1; k >= 0; --k) {
+    const int64_t u = u0 + warp + k * warps;
+    const SegmentPlace pl(s, u / su.pieces);
+    const Acc mu = f.mean[pl.group], b = f.bias[pl.affine];
+    const Acc gg = rstd_of<D>(f.var[pl.group], f.eps) * f.scale[pl.affine];
+    const Chunks c = chunks_of(u);
+    auto apply = [&](int64_t i, const Pk& v) {
+      Acc out[VEC];
+      v.unpack(out);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu) * gg + b;
+      store_vals<D, VEC>(f.y + c.at(i), out);
+    };
+    pipelined<kFusedInFlight, true>(
+        c.split, c.count, [&](int64_t i) { return Pk::load(stash + (c.at(i) - kept)); }, apply);
+    pipelined<kFusedInFlight, true>(
+        0, c.split, [&](int64_t i) { return Pk::load_stream(f.x + c.at(i)); }, apply);
+  }
 }
 
 SegmentGrid segment_grid(const Shape& s, int vec) {
@@ -214,8 +353,9 @@ Status segment_apply(const Fwd<D>& f, cudaStream_t st) {
 
 template <typename D>
 Status segment_grads(const Bwd<D>& b, cudaStream_t st) {
-  return launch_segments<D, GradsLaunch>(b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy),
-                                         "norm segment_grads_kernel", st);
+  return launch_segments<D, GradsLaunch>(
+      b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx),
+      "norm segment_grads_kernel", st);
 }
 
 template <typename D>
@@ -225,9 +365,28 @@ Status segment_dx(const Bwd<D>& b, cudaStream_t st) {
       "norm segment_dx_kernel", st);
 }
 
+template <typename D>
+Status segment_fused(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+  constexpr int N = Vec<D>::kN;
+  const Shape& s = f.s;
+  *ran = false;
+  if (s.T % N != 0 || !cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y)) return Status::Ok();
+  auto kernel = segment_fused_kernel<D, N>;
+  FusedCapacity cap;
+  Status status = fused_capacity(kernel, &cap);
+  if (!status.ok() || cap.blocks == 0) return status;
+  const SegmentUnits su{s.T, segment_piece_len(s), segment_pieces(s),
+                        s.P * s.A * s.C * s.K * segment_pieces(s)};
+  *ran = true;
+  return launch_cooperative(kernel, std::min(cap.blocks, su.units), cap.stash_bytes, st,
+                            "norm segment_fused_kernel", f, su,
+                            cap.stash_bytes / int64_t(sizeof(D)));
+}
+
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_stats, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_apply, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_grads, Bwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_dx, Bwd);
+JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_fused);
 
 }  // namespace jaxdnn::norm::cuda_impl

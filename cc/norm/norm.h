@@ -77,6 +77,23 @@ inline int64_t num_slices(const Shape& s) {
   return (s.A + rps - 1) / rps;
 }
 
+// Segment path, pieces of a segment (the CUDA single-pass forward keeps one partial per piece,
+// so that a few long segments still give every warp of the GPU work): cut so that the whole
+// tensor has about kSegmentUnits pieces, each at least kMinSegmentPiece values, the piece
+// length a multiple of 8 (every vector width) and the last piece of a segment shorter.
+constexpr int64_t kSegmentUnits = 16384, kMinSegmentPiece = 1024;
+
+inline int64_t segment_piece_len(const Shape& s) {
+  const int64_t segs = std::max<int64_t>(1, s.P * s.A * s.C * s.K);
+  const int64_t want = std::max<int64_t>(
+      1, std::min((kSegmentUnits + segs - 1) / segs, s.T / kMinSegmentPiece));
+  return ((s.T + want - 1) / want + 7) / 8 * 8;
+}
+inline int64_t segment_pieces(const Shape& s) {  // (segment path: T > 1)
+  const int64_t len = segment_piece_len(s);
+  return (s.T + len - 1) / len;
+}
+
 // Row path backward: the rows of each affine row q are split into at most this many slices,
 // each reducing its own d(scale), d(bias) partial (platforms choose how many, up to this).
 constexpr int64_t kRowBwdMaxSlices = 512;
@@ -87,12 +104,19 @@ inline int64_t row_bwd_max_slices(const Shape& s) {
 
 // Workspace bytes (a byte buffer, at least 16-byte aligned).
 //   forward:  2 double planes (mean, M2) of (P, S, C, K) partials (double, so that a partial
-//             mean keeps its digits under a large common offset); none on the row path.
+//             mean keeps its digits under a large common offset), times segment_pieces(s) on
+//             the segment path (one per piece; the CPU uses one per segment); none on the row
+//             path.
 //   backward, in the statistics type (float, or double for float64 inputs):
 //             row path: 2 planes (sum dy*xhat, sum dy) of (Q, S_b, C, K) partials;
 //             otherwise 2 planes of (P, S, C, K) partials + per-group coefficients (P, C, 2).
 inline int64_t fwd_partials(const Shape& s) {  // elements per forward plane
-  return path_of(s) == Path::kRow ? 0 : s.P * num_slices(s) * s.CK();
+  switch (path_of(s)) {
+    case Path::kRow: return 0;
+    case Path::kColumn: return s.P * num_slices(s) * s.CK();
+    case Path::kSegment: return s.P * num_slices(s) * s.CK() * segment_pieces(s);
+  }
+  return 0;
 }
 inline int64_t bwd_partials(const Shape& s) {  // elements per backward plane
   return path_of(s) == Path::kRow ? s.Q * row_bwd_max_slices(s) * s.CK()

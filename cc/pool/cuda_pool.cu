@@ -16,6 +16,12 @@
 // Vectors: V = 16 bytes of channels when C allows and the buffers are aligned (V = 1 otherwise),
 // and G = 2 vectors per thread when a position has at least 16 vectors, which halves the index
 // arithmetic while each load instruction of a warp still covers contiguous 128-byte lines.
+// Forward columns: J = 2 adjacent output columns per thread (choose_layout) when the windows
+// leave no gap and the state fits (J*G*V <= 16 channels). A 2x2/2 bf16 pool at C = 64 had one
+// 16-byte vector and 4 taps per thread: 64 bytes read per ~60 instructions of index math, and
+// only one row of taps (32 bytes) in flight. With J = 2 a thread walks the 4 contiguous taps
+// of each window row once (128 bytes per row of taps, 4 loads in flight), and 3x3/2 windows
+// read 5 columns instead of 6. Traffic unchanged: x read once from DRAM, y written once.
 
 #include <type_traits>
 
@@ -30,46 +36,66 @@ namespace {
 // loads in flight to cover the memory latency.
 constexpr int kMinBlocks = 3;
 
-template <typename T, int V, int G, Reduce R, typename Idx>
+template <typename T, int V, int G, int J, Reduce R, typename Idx>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-window_fwd_kernel(Geom g, const T* __restrict__ x, T* __restrict__ y, Idx* __restrict__ idx,
-                  bool include_pad) {
+window_fwd_kernel(Geom g, FastDiv q_groups, const T* __restrict__ x, T* __restrict__ y,
+                  Idx* __restrict__ idx, bool include_pad) {
   using A = dev_acc_t<T>;
-  const int32_t items = g.N * g.out_spatial() * g.lanes;
+  const int32_t items = g.N * g.out[0] * g.out[1] * int32_t(q_groups.d) * g.lanes;
   for (int64_t i = blockIdx.x * kThreads + threadIdx.x; i < items; i += gridDim.x * kThreads) {
     const int32_t e = int32_t(i);  // (the 64-bit counter cannot overflow past `items`)
-    int32_t lane, z, pp, q;
-    const int32_t pos = g.lanes_div.divmod(e, &lane);  // output position (n, z, pp, q)
-    const int32_t n = g.split(pos, g.out_div, &z, &pp, &q);
-    int32_t zs, z0, z1, ps, p0, p1, qs, q0, q1;
+    int32_t lane, z, pp, qg;
+    const int32_t pos = g.lanes_div.divmod(e, &lane);  // (n, z, pp, group of J columns)
+    const int32_t n = g.out_div[0].divmod(g.out_div[1].divmod(q_groups.divmod(pos, &qg), &pp), &z);
+    int32_t zs, z0, z1, ps, p0, p1;
     g.window_span(0, z, &zs, &z0, &z1);
     g.window_span(1, pp, &ps, &p0, &p1);
-    g.window_span(2, q, &qs, &q0, &q1);
+    // Output columns q_j = qg*J + j (those < Q), their window starts qs[j] and input columns
+    // [w0[j], w1[j]); the row loop walks the union [w0[0], w_end) once, each tap going to the
+    // windows that hold it.
+    int32_t qs[J], w0[J], w1[J], w_end = 0;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int32_t q = qg * J + j;
+      g.window_span(2, q, &qs[j], &w0[j], &w1[j]);
+      if (q >= g.out[2]) w0[j] = w1[j] = 0;  // past the edge: an empty window, never stored
+      w_end = max(w_end, w1[j]);
+    }
     const T* xn = x + n * g.in_spatial() * g.C + lane * V;
-    WindowState<A, G * V, R> st;
-    st.init();
+    WindowState<A, G * V, R> st[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) st[j].init();
     for (int32_t d = z0; d < z1; ++d)
       for (int32_t h = p0; h < p1; ++h) {
         const T* row = xn + (d * g.in[1] + h) * g.in[2] * g.C;
-        const int32_t k0 = ((d - zs) * g.window[1] + (h - ps)) * g.window[2] - qs;
-#pragma unroll 3
-        for (int32_t w = q0; w < q1; ++w) {
+        const int32_t k0 = ((d - zs) * g.window[1] + (h - ps)) * g.window[2];
+#pragma unroll 4
+        for (int32_t w = w0[0]; w < w_end; ++w) {
           A v[G * V];
 #pragma unroll
-          for (int j = 0; j < G; ++j)
-            load_channels<T, V>(row + w * g.C + j * g.lanes * V, v + j * V);
+          for (int k = 0; k < G; ++k)
+            load_channels<T, V>(row + w * g.C + k * g.lanes * V, v + k * V);
 #pragma unroll
-          for (int i = 0; i < G * V; ++i) st.add(i, v[i], k0 + w);
+          for (int j = 0; j < J; ++j)
+            if (w >= w0[j] && w < w1[j])
+#pragma unroll
+              for (int c = 0; c < G * V; ++c) st[j].add(c, v[c], k0 + w - qs[j]);
         }
       }
-    A inv = A(1);
-    if constexpr (R == Reduce::kAvg)  // 1/0 = inf for a window of only padding: NaN, as flax
-      inv = A(1) / A(include_pad ? g.window_size() : (z1 - z0) * (p1 - p0) * (q1 - q0));
-    const int32_t out = pos * g.C + lane * V;
 #pragma unroll
-    for (int j = 0; j < G; ++j) {
-      const int32_t o = out + j * g.lanes * V;
-      st.template store<T, V, Idx>(j * V, y + o, R == Reduce::kMaxIndex ? idx + o : nullptr, inv);
+    for (int j = 0; j < J; ++j) {
+      const int32_t q = qg * J + j;
+      if (q >= g.out[2]) break;
+      A inv = A(1);
+      if constexpr (R == Reduce::kAvg)  // 1/0 = inf for a window of only padding: NaN, as flax
+        inv = A(1) / A(include_pad ? g.window_size() : (z1 - z0) * (p1 - p0) * (w1[j] - w0[j]));
+      const int32_t out = (((n * g.out[0] + z) * g.out[1] + pp) * g.out[2] + q) * g.C + lane * V;
+#pragma unroll
+      for (int k = 0; k < G; ++k) {
+        const int32_t o = out + k * g.lanes * V;
+        st[j].template store<T, V, Idx>(k * V, y + o, R == Reduce::kMaxIndex ? idx + o : nullptr,
+                                        inv);
+      }
     }
   }
 }
@@ -163,19 +189,27 @@ max_gather_kernel(Geom g, const T* __restrict__ t, const Idx* __restrict__ idx,
 struct Layout {
   int vec;     // channels per vector: the 16-byte width, or 1
   int groups;  // vectors per thread
+  int cols;    // output columns per thread (forward)
 };
 
 template <typename T, typename Idx>
-Layout choose_layout(const Problem& p, const Buffers& b) {
+Layout choose_layout(const Problem& p, const Buffers& b, bool fwd) {
   constexpr int kN = cuda::Vec<T>::kN;
   const void* index = b.index_in != nullptr ? b.index_in : b.index_out;
-  if (p.C % kN != 0 || !aligned(b.a, cuda::kVecBytes) || !aligned(b.result, cuda::kVecBytes) ||
-      !aligned(index, alignof(IdxVec<Idx, kN>)))
-    return {1, 1};
-  // Two vectors per thread when a position has >= 16 (8+ lanes still read 128 contiguous
-  // bytes); not with int32 indices, whose 32-byte index vectors would not fit the registers.
-  const bool pair = p.C / kN >= 16 && (p.C / kN) % 2 == 0 && sizeof(Idx) == 1;
-  return {kN, pair ? 2 : 1};
+  Layout l{1, 1, 1};
+  if (p.C % kN == 0 && aligned(b.a, cuda::kVecBytes) && aligned(b.result, cuda::kVecBytes) &&
+      aligned(index, alignof(IdxVec<Idx, kN>))) {
+    // Two vectors per thread when a position has >= 16 (8+ lanes still read 128 contiguous
+    // bytes); not with int32 indices, whose 32-byte index vectors would not fit the registers.
+    const bool pair = p.C / kN >= 16 && (p.C / kN) % 2 == 0 && sizeof(Idx) == 1;
+    l = {kN, pair ? 2 : 1, 1};
+  }
+  // Two output columns per thread in the forward (up to 16 channels of state each), when
+  // their windows leave no gap between them (stride <= window): twice the bytes in flight
+  // per thread for the same index arithmetic, and taps shared by both windows read once.
+  if (fwd && p.out[2] >= 2 && p.stride[2] <= p.window[2] && l.vec * l.groups * 2 <= 16)
+    l.cols = 2;
+  return l;
 }
 
 // Calls fn(integral_constant V, integral_constant G) for the layout (G = 2 only compiled
@@ -213,26 +247,45 @@ Status run_typed(const Args& a, const Buffers& b, cudaStream_t stream) {
     });
   }
   const bool bwd = a.op == Op::kMaxScatter || a.op == Op::kAvgBwd;
-  const Layout layout = choose_layout<T, Idx>(p, b);
+  const Layout layout = choose_layout<T, Idx>(p, b, !bwd);
   with_layout<kN, sizeof(Idx) == 1>(layout, [&](auto v_c, auto g_c) {
     constexpr int V = decltype(v_c)::value, G = decltype(g_c)::value;
     const int32_t lanes = int32_t(p.C / (V * G));
     status = over_batch_slices(p, lanes, [&](const Geom& g, int64_t n0) {
-      const int64_t items = g.N * (bwd ? p.in_spatial() : p.out_spatial()) * lanes;
-      const unsigned blocks = cuda::grid_for(items, kThreads);
+      // Forward reduction R with selection indices of type I (index: nullptr without), over
+      // groups of `layout.cols` output columns (2 only compiled where choose_layout can pick
+      // it, and with one-byte indices).
+      auto forward = [&](auto r_c, auto* index, const char* name) {
+        using I = std::remove_pointer_t<decltype(index)>;
+        auto launch = [&](auto j_c) {
+          constexpr int J = decltype(j_c)::value;
+          const int64_t groups = (p.out[2] + J - 1) / J;
+          const int64_t items = g.N * p.out[0] * p.out[1] * groups * lanes;
+          if (items == 0) return;
+          window_fwd_kernel<T, V, G, J, decltype(r_c)::value, I>
+              <<<cuda::grid_for(items, kThreads), kThreads, 0, stream>>>(
+                  g, FastDiv(uint32_t(groups)), in + n0 * xi, out + n0 * yi, index, inc);
+        };
+        if constexpr (sizeof(I) == 1 && V * G * 2 <= 16) {
+          if (layout.cols == 2) launch(std::integral_constant<int, 2>{});
+          else launch(std::integral_constant<int, 1>{});
+        } else {
+          launch(std::integral_constant<int, 1>{});
+        }
+        return cuda::check_launch(name);
+      };
+      using RC = std::integral_constant<Reduce, Reduce::kMax>;
+      using RI = std::integral_constant<Reduce, Reduce::kMaxIndex>;
+      using RA = std::integral_constant<Reduce, Reduce::kAvg>;
+      uint8_t* const no_index = nullptr;
+      const unsigned blocks = cuda::grid_for(g.N * p.in_spatial() * lanes, kThreads);
       switch (a.op) {
         case Op::kMaxFwd:
-          window_fwd_kernel<T, V, G, Reduce::kMax, uint8_t><<<blocks, kThreads, 0, stream>>>(
-              g, in + n0 * xi, out + n0 * yi, nullptr, inc);
-          return cuda::check_launch("pool window_fwd_kernel (max)");
+          return forward(RC{}, no_index, "pool window_fwd_kernel (max)");
         case Op::kMaxFwdIndex:
-          window_fwd_kernel<T, V, G, Reduce::kMaxIndex, Idx><<<blocks, kThreads, 0, stream>>>(
-              g, in + n0 * xi, out + n0 * yi, idx_out + n0 * yi, inc);
-          return cuda::check_launch("pool window_fwd_kernel (max with index)");
+          return forward(RI{}, idx_out + n0 * yi, "pool window_fwd_kernel (max with index)");
         case Op::kAvgFwd:
-          window_fwd_kernel<T, V, G, Reduce::kAvg, uint8_t><<<blocks, kThreads, 0, stream>>>(
-              g, in + n0 * xi, out + n0 * yi, nullptr, inc);
-          return cuda::check_launch("pool window_fwd_kernel (avg)");
+          return forward(RA{}, no_index, "pool window_fwd_kernel (avg)");
         case Op::kMaxScatter:
           window_bwd_kernel<T, V, G, true, Idx><<<blocks, kThreads, 0, stream>>>(
               g, in + n0 * yi, idx_in + n0 * yi, out + n0 * xi, inc);
