@@ -11,17 +11,16 @@ GFLOP/s (2*N*P*Q*K*C*R*S/groups per direction) and the ratio jaxdnn / XLA (> 1: 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import geomean, rotating_inputs, rotation_for, time_op, write_results
 from jax import lax
 
-from common import geomean, rotating_inputs, rotation_for, time_op, write_results
-
 import jaxdnn
+from jaxdnn.algo import time_jitted
 
 # (H, W, Cin, Cout, kernel, stride, pad)
 RESNET50 = [
@@ -64,17 +63,10 @@ def direction_fn(conv, direction):
 
 
 def cpu_seconds(fn, inputs, repeats):
-    """Median process CPU time (all threads) of one fn(*args), measured like time_op. On a
-    machine shared with other jobs the wall time depends on how much of the cores the process
-    gets; GFLOP per CPU-second does not."""
-    many = jax.jit(lambda all_inputs: [fn(*args) for args in all_inputs])
-    jax.block_until_ready(many(inputs))
-    times = []
-    for _ in range(repeats):
-        t0 = time.process_time()
-        jax.block_until_ready(many(inputs))
-        times.append(time.process_time() - t0)
-    return statistics.median(times) / len(inputs)
+    """Median process CPU time (all threads) of one fn(*args). On a machine shared with other
+    jobs the wall time depends on how much of the cores the process gets; GFLOP per CPU-second
+    does not."""
+    return time_jitted(fn, inputs, repeats, clock=time.process_time)
 
 
 def bench_layer(layer, batch, directions, repeats):

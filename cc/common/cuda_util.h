@@ -88,12 +88,13 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 132 * 32) 
 // Blocks for a persistent kernel, a grid-stride loop over `work` block-sized items: as many as
 // the device holds at once (one wave: no block waits for a slot, none idles after the last
 // wave), never more than the work, at least one. kKernel's occupancy at kThreads threads per
-// block depends only on the architecture and is queried once; the SM count on every launch.
+// block (and `smem` bytes of dynamic shared memory, the same at every call) depends only on the
+// architecture and is queried once; the SM count on every launch.
 template <auto kKernel, int kThreads>
-unsigned resident_grid(int64_t work) {
-  static const int per_sm = [] {
+unsigned resident_grid(int64_t work, size_t smem = 0) {
+  static const int per_sm = [smem] {
     int n = 1;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, smem);
     return n < 1 ? 1 : n;
   }();
   int device = 0, sms = 1;

@@ -71,6 +71,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cc/common/cuda_async.h"
 #include "cc/common/cuda_util.h"
 #include "cc/common/cuda_vec.h"
 #include "cc/conv/cuda_algorithms.h"
@@ -169,23 +170,6 @@ __device__ __forceinline__ void store_converted(Acc* dst, const Vec<In>& v, bool
   }
 }
 
-// Copies 16 bytes from global to shared memory without a trip through registers (cp.async), or
-// writes 16 zero bytes when !ok (its zero fill: nothing is read). cp_async_wait() waits for
-// the thread's copies.
-__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool ok) {
-#if defined(__CUDA_ARCH__)
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(ok ? 16 : 0));
-#endif
-}
-
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__)
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
 // Stages the (rows, cols) window at source position (r0, c0) of one image, destination
 // channels [d0, d0 + kSlice) of pass j, into tile (rows, pitch, kSlice); zeros outside the image
 // and for channels >= dst_c.
@@ -208,9 +192,9 @@ __device__ void stage_tile(Acc* tile, const In* img, const Source& s, int src_h,
       for (int i = tid; i < total; i += nt) {
         int at;
         const In* g = vector_at(i, &at);
-        copy16_async(tile + at, g ? g : img, g != nullptr);
+        cuda::cp_async16(tile + at, g ? g : img, g != nullptr);
       }
-      cp_async_wait();
+      cuda::cp_async_wait_all();
     } else {  // converted through registers, kLoadBatch loads in flight
       for (int i0 = tid; i0 < total; i0 += kLoadBatch * nt) {
         Vec<In> v[kLoadBatch];

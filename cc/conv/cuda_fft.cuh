@@ -67,6 +67,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cc/common/cuda_async.h"
 #include "cc/common/cuda_util.h"
 #include "cc/conv/cuda_algorithms.h"
 
@@ -467,12 +468,6 @@ inverse_kernel(const __grid_constant__ InverseArgs<Out> p) {
 // so every 16-byte shared load of a warp is contiguous: 128 FMAs per 6 LDS.128.
 constexpr int kGemmBM = 64, kGemmBN = 64, kGemmBK = 16, kGemmThreads = 128;
 
-__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(
-                   uint32_t(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(valid ? 8 : 0));
-}
-
 // Issues the copies of a (BK, kW) tile of an operand into tile[kk][w]: rows w0.. of a (W, Kd)
 // row-major matrix (kKInner) or columns w0.. of a (Kd, W) one. Consecutive threads take
 // consecutive global elements.
@@ -487,7 +482,7 @@ __device__ __forceinline__ void load_tile(float2 (*tile)[kW + 2], const float2* 
     const int k = k0 + (kKInner ? in : out), w = w0 + (kKInner ? out : in);
     const bool valid = w < W && k < Kd;
     const float2* src = X + (kKInner ? int64_t(w) * Kd + k : int64_t(k) * W + w);
-    cp_async8(&tile[kKInner ? in : out][kKInner ? out : in], valid ? src : X, valid);
+    cuda::cp_async8(&tile[kKInner ? in : out][kKInner ? out : in], valid ? src : X, valid);
   }
 }
 
@@ -514,15 +509,15 @@ cgemm_kernel(const float2* __restrict__ A, const float2* __restrict__ B, float2*
   auto load = [&](int t) {
     load_tile<!kATrans, kGemmBM>(As[t & 1], A, m0, M, t * kGemmBK, Kd);
     load_tile<kBTrans, kGemmBN>(Bs[t & 1], B, n0, N, t * kGemmBK, Kd);
-    asm volatile("cp.async.commit_group;\n");
+    cuda::cp_async_commit();
   };
   load(0);
   for (int t = 0; t < k_tiles; ++t) {
     if (t + 1 < k_tiles) {
       load(t + 1);
-      asm volatile("cp.async.wait_group 1;\n");
+      cuda::cp_async_wait<1>();
     } else {
-      asm volatile("cp.async.wait_group 0;\n");
+      cuda::cp_async_wait<0>();
     }
     __syncthreads();
     const auto& as = As[t & 1];

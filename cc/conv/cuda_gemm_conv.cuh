@@ -5,7 +5,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -40,8 +39,7 @@ inline int elem_bytes(DType t) { return t == DType::kF64 ? 8 : (t == DType::kF32
 //   mma.sync (any sm_80+ GPU, and float32): 4 warps of 64 x 32 or 64 x 64 (32 independent mmas
 //   per k step per warp); 3 stages of 128-byte k-slices (72 / 96 KB of shared memory, two CTAs
 //   per SM).
-//   wgmma (sm_90, 16-bit inputs): 2 warpgroups of 64 x BN, persistent CTAs, the ring depth set
-//   at launch (wg_stages).
+//   wgmma (sm_90, 16-bit inputs): 2 warpgroups of 64 x BN, persistent CTAs, a 4-slice ring.
 template <typename T> using TileNarrow = Tile<T, 128, 64, 64, 32, 3>;
 template <typename T> using TileWide = Tile<T, 128, 128, 64, 64, 3>;
 template <typename T> using WgTileNarrow = WgTile<T, 128, 64>;
@@ -51,15 +49,13 @@ constexpr int kTileM = 128;
 inline int tile_n(int64_t N) { return N <= 64 ? 64 : 128; }
 inline int slice_elems(const Args& a) { return kSliceBytes / elem_bytes(a.in); }
 
-inline int env_int(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  return e != nullptr && e[0] != '\0' ? std::atoi(e) : fallback;
-}
-
 // The wgmma kernel is compiled for sm_90a only (other GPUs run the PTX of the mma.sync one);
 // JAXDNN_CONV_MMA_SYNC=1 forces the mma.sync form on Hopper too (benchmarks compare the two).
 inline bool use_wgmma() {
-  static const bool forced_off = env_int("JAXDNN_CONV_MMA_SYNC", 0) == 1;
+  static const bool forced_off = [] {
+    const char* e = std::getenv("JAXDNN_CONV_MMA_SYNC");
+    return e != nullptr && e[0] == '1';
+  }();
   if (forced_off) return false;
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -67,15 +63,6 @@ inline bool use_wgmma() {
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
     return false;
   return major == 9 && minor == 0;
-}
-
-// Ring depth of the wgmma kernel: 4 slices (97 KB narrow, two CTAs per SM; 129 KB wide, one);
-// JAXDNN_CONV_WG_STAGES overrides it for tuning sweeps.
-template <typename C>
-int wg_stages() {
-  static const int forced = env_int("JAXDNN_CONV_WG_STAGES", 0);
-  const int s = forced > 0 ? forced : 4;
-  return s < C::kMinStages ? C::kMinStages : (s > C::kMaxStages ? C::kMaxStages : s);
 }
 
 template <typename T, typename Fn>
@@ -213,6 +200,18 @@ __global__ void sum_splits_kernel(const float* __restrict__ ws, Out* __restrict_
 
 inline int64_t result_ld(const Args& a) { return a.dir == Direction::kBwdData ? a.p.C : a.p.K; }
 
+// Lets `kernel` take `bytes` of dynamic shared memory, carved out of L1 in full (the GEMM
+// kernels stage all their reuse in shared memory).
+template <typename Kernel>
+Status allow_smem(Kernel kernel, int bytes, const char* name) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
+          cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+    return cuda::check_launch(name);
+  return Status::Ok();
+}
+
 // Launches one GEMM with loaders AL, BL and the result path `r`; `ws` is the reduction's
 // workspace (reduce_workspace bytes). `kd` overrides the reduction length (a padded one).
 template <Mode kMode, typename C, typename AL, typename BL>
@@ -231,32 +230,17 @@ Status launch(const Args& a, const typename AL::Params& ap, const typename BL::P
   const unsigned tiles_m = unsigned((s.M + C::BM - 1) / C::BM);
   const unsigned tiles_n = unsigned((s.N + C::BN - 1) / C::BN);
   if constexpr (C::kWgmma) {
-    // Persistent: as many CTAs as fit, each running a strided share of the tiles.
-    auto kernel = wgmma_kernel<kMode, C, AL, BL>;
-    const int stages = wg_stages<C>(), smem = C::smem_bytes(stages);
-    int dev = 0, sms = 0, per_sm = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-            cudaSuccess ||
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-        cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, smem) !=
-            cudaSuccess)
-      return cuda::check_launch(name);
+    // Persistent: as many CTAs as fit (one wave), each running a strided share of the tiles.
+    constexpr auto kernel = wgmma_kernel<kMode, C, AL, BL>;
+    if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;
     const int64_t tiles = int64_t(tiles_m) * tiles_n * a.p.G * run.splits;
     if (tiles == 0) return Status::Ok();
-    const int64_t grid = std::min<int64_t>(tiles, int64_t(std::max(per_sm, 1)) * sms);
-    kernel<<<unsigned(grid), C::kThreads, smem, stream>>>(ap, bp, epi, int(s.M), int(s.N),
-                                                         int(slices), int(run.per_split),
-                                                         int(run.splits), stages);
+    kernel<<<cuda::resident_grid<kernel, C::kThreads>(tiles, C::kSmemBytes), C::kThreads,
+             C::kSmemBytes, stream>>>(ap, bp, epi, int(s.M), int(s.N), int(slices),
+                                      int(run.per_split), int(run.splits));
   } else {
     auto kernel = gemm_kernel<kMode, C, AL, BL>;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             C::kSmemBytes) != cudaSuccess ||
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared) != cudaSuccess)
-      return cuda::check_launch(name);
+    if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;
     const dim3 grid(tiles_m, tiles_n, unsigned(a.p.G * run.splits));
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(ap, bp, epi, int(s.M), int(s.N),
                                                          int(slices), int(run.per_split));

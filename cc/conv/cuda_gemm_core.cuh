@@ -29,6 +29,7 @@
 
 #include <cstdint>
 
+#include "cc/common/cuda_async.h"
 #include "cc/common/cuda_util.h"
 
 namespace jaxdnn::conv::gemm {
@@ -107,20 +108,10 @@ template <typename T, int BMN, int BK> using MnMajorTile = SmemTile<BK, BMN * in
 // PTX wrappers
 // ---------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Copies 16 bytes global -> shared asynchronously; zero-fills instead when !pred.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+using cuda::cp_async16;
+using cuda::cp_async_commit;
+using cuda::cp_async_wait;
+using cuda::smem_addr;
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

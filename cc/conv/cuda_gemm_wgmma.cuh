@@ -19,10 +19,10 @@
 //
 // Persistent CTAs, one continuous pipeline. The grid is as many CTAs as fit on the GPU; CTA b
 // runs output tiles b, b + grid, ... Its k-slices, over all its tiles, form one stream
-// q = 0, 1, 2, ... through a ring of `stages` shared buffers of (BM + BN) x 128 bytes, with all
+// q = 0, 1, 2, ... through a ring of kStages = 4 shared buffers of (BM + BN) x 128 bytes, with all
 // threads both loading and computing:
 //   slice q: wait for its cp.asyncs; fence them into the async proxy (wgmma reads shared
-//   memory through it); barrier; issue the loads of slice q + stages - 2 (the next tile's first
+//   memory through it); barrier; issue the loads of slice q + 2 (the next tile's first
 //   slices when this tile's are done) into the buffer of slice q - 2; issue slice q's wgmmas
 //   and leave them in flight (wait_group 1), so slice q - 1's finish before the next barrier
 //   releases its buffer. After a tile's last slice: drain, store, zero the accumulators.
@@ -37,17 +37,17 @@
 
 namespace jaxdnn::conv::gemm {
 
-// CTA tile of the wgmma kernel: BM / 64 warpgroups, each owning 64 rows x all BN columns. The
-// ring depth is chosen at launch (at least 3: one slice loading, one computing, one draining).
+// CTA tile of the wgmma kernel: BM / 64 warpgroups, each owning 64 rows x all BN columns. A
+// ring of 4 slices: 97 KB narrow (two CTAs per SM), 129 KB wide (one). Depths of 3, 4 and 6
+// measured the same (NOTES.md).
 template <typename T, int BM_, int BN_>
 struct WgTile {
   static constexpr bool kWgmma = true;
-  static constexpr int BM = BM_, BN = BN_;
+  static constexpr int BM = BM_, BN = BN_, kStages = 4;
   static constexpr int kThreads = 128 * (BM / 64);
   static constexpr int BK = Elems<T>::kBK;
   static constexpr int kStageBytes = (BM + BN) * kSliceBytes;
-  static constexpr int kMinStages = 3, kMaxStages = 8;
-  static constexpr int smem_bytes(int stages) { return stages * kStageBytes + 1024; }  // + align
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
   static_assert(sizeof(T) == 2, "wgmma path: 16-bit inputs");
   static_assert(BM % 64 == 0 && (BN == 64 || BN == 128), "tile shape");
 };
@@ -112,17 +112,17 @@ __device__ __forceinline__ void wgmma(float (&d)[BN / 2], uint64_t da, uint64_t 
   }
 }
 
-// cp.async.wait_group takes an immediate: all but the newest n groups complete, n < kMaxStages.
-__device__ __forceinline__ void cp_async_wait_dyn(int n) {
-  switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    default: cp_async_wait<5>(); break;
-  }
-}
+#undef JD_WGMMA
+#undef JD_F16
+#undef JD_F4
+#undef JD_WG_REGS32
+#undef JD_WG_REGS64
+#undef JD_NEXT_32
+#undef JD_NEXT2_32
+#undef JD_NEXT3_32
+#undef JD_NEXT_64
+#undef JD_NEXT2_64
+#undef JD_NEXT3_64
 
 // One output tile of the persistent schedule: tile t -> (n tile fastest, then m tile, then
 // group x split), so the CTAs running together share rows of A in L2.
@@ -214,11 +214,11 @@ __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&ac
 }
 
 // Loader contract as gemm_kernel (cuda_gemm_core.cuh); `splits` ranges of `per_split` slices
-// per group, `stages` buffers in the ring (kMinStages..kMaxStages).
+// per group.
 template <Mode kMode, typename C, typename ALoader, typename BLoader>
 __global__ void __launch_bounds__(C::kThreads, 2)
 wgmma_kernel(typename ALoader::Params ap, typename BLoader::Params bp, Epilogue epi, int M, int N,
-             int k_tiles, int per_split, int splits, int stages) {
+             int k_tiles, int per_split, int splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename ModeTraits<kMode>::T;
   extern __shared__ unsigned char smem[];
@@ -254,13 +254,13 @@ wgmma_kernel(typename ALoader::Params ap, typename BLoader::Params bp, Epilogue 
       a.next();
       b.next();
       ++pk;
-      fill_slot = fill_slot + 1 == stages ? 0 : fill_slot + 1;
+      fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
     }
     cp_async_commit();
   };
 
-  const int ahead = stages - 2;  // slices loading while one computes and one drains
-  for (int s = 0; s < ahead; ++s) produce();
+  constexpr int kAhead = C::kStages - 2;  // slices loading while one computes, one drains
+  for (int s = 0; s < kAhead; ++s) produce();
 
   // Warpgroup wg's 64 rows of A: rows 64 wg.. of a k-major tile, block wg of an mn-major one;
   // both start 64 * 128 bytes further per warpgroup.
@@ -272,12 +272,12 @@ wgmma_kernel(typename ALoader::Params ap, typename BLoader::Params bp, Epilogue 
 #pragma unroll
     for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.f;
     for (int kt = 0; kt < j.nk; ++kt) {
-      cp_async_wait_dyn(ahead - 1);
+      cp_async_wait<kAhead - 1>();
       fence_proxy_async();
       __syncthreads();  // slice landed for all; the slice two back retired in every warpgroup
       produce();
       const uint32_t at = a_tile(slot) + a_wg, bt = b_tile(slot);
-      slot = slot + 1 == stages ? 0 : slot + 1;
+      slot = slot + 1 == C::kStages ? 0 : slot + 1;
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < C::BK / 16; ++ks)
@@ -291,8 +291,8 @@ wgmma_kernel(typename ALoader::Params ap, typename BLoader::Params bp, Epilogue 
     // The two ring buffers of this tile's last two slices are idle until the next slices'
     // loads are issued (after the next barrier): they stage the warpgroups' results.
     __syncthreads();  // every warpgroup's last wgmmas retired
-    const int last = slot == 0 ? stages - 1 : slot - 1;
-    const int stage_slot = wg == 0 ? last : (last == 0 ? stages - 1 : last - 1);
+    const int last = slot == 0 ? C::kStages - 1 : slot - 1;
+    const int stage_slot = wg == 0 ? last : (last == 0 ? C::kStages - 1 : last - 1);
     unsigned char* stg = smem + (a_tile(stage_slot) - smem_addr(smem));
     store_tile<T, C::BN>(epi, acc, stg, M, N, j, wg * 64, wq, lane, tid & 127, wg);
   }
