@@ -6,13 +6,13 @@
 // ..., lane + (K-1)G of the row (RowSlice, placed by RowMap), so each load or store
 // instruction of a warp covers 32 consecutive packs: 512 contiguous bytes with 16-byte packs.
 //
-// Bandwidth: the grid is persistent (resident_grid) and each group walks its rows with
-// for_each_row, which issues the loads of the next row before the current one is reduced and
-// stored. A thread so keeps one row slice in flight while its group waits at the reductions'
-// shuffles and barriers, and the bytes in flight per SM stay at (resident threads) x (slice
-// bytes) instead of dropping between rows. Slices stay in the storage type (a 16-byte pack is
-// 4 registers whatever the dtype: 16-bit rows are not widened to float) and are converted on
-// use, in each pass; with two slices of kRowPacks packs, a thread spends 64 registers on rows.
+// Bandwidth: a flat grid, one group per row (blocks = rows / rows per block), as XLA launches
+// its row reductions. The previous persistent form (one wave of blocks, each group loading its
+// next row before reducing the current one) measured 3-8% slower on the H200 at 32768x4096
+// (layer_norm float32 forward 3.39 -> 3.64 TB/s, rms_norm 3.22 -> 3.50 with the flat grid,
+// benchmarks/NOTES.md): the scheduler's fresh blocks keep more loads in flight than one wave's
+// prefetch did. Slices stay in the storage type (a 16-byte pack is 4 registers whatever the
+// dtype: 16-bit rows are not widened to float) and are converted on use, in each pass.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +22,8 @@
 
 namespace jaxdnn::cuda {
 
-// Packs a thread holds per row and operand when the next row is prefetched, and the most
-// threads of a row group.
+// Packs a thread holds per row over all operands (32 registers of row data in 16-byte packs),
+// and the most threads of a row group.
 constexpr int kRowPacks = 8;
 constexpr int kMaxRowThreads = 512;
 
@@ -82,26 +82,21 @@ struct RowSlice {
 };
 
 // body(row, slices) with slices = load(row) (mutable: body may fence them), for row = first,
-// first + stride, ... < rows. With kPrefetch the next row's load is issued before body runs on
-// the current one (the last row reloads itself, an L1/L2 hit, rather than branching); without,
-// one row is held at a time (for slices too large to double).
-template <bool kPrefetch, typename Load, typename Body>
+// first + stride, ... < rows (one row per group in the flat grid; the loop covers grids cut
+// at the launch limit).
+template <typename Load, typename Body>
 __device__ __forceinline__ void for_each_row(int64_t first, int64_t stride, int64_t rows,
                                              Load load, Body body) {
-  if constexpr (kPrefetch) {
-    if (first >= rows) return;
-    auto cur = load(first);
-    for (int64_t r = first; r < rows; r += stride) {
-      const auto next = load(r + stride < rows ? r + stride : r);
-      body(r, cur);
-      cur = next;
-    }
-  } else {
-    for (int64_t r = first; r < rows; r += stride) {
-      auto cur = load(r);
-      body(r, cur);
-    }
+  for (int64_t r = first; r < rows; r += stride) {
+    auto cur = load(r);
+    body(r, cur);
   }
+}
+
+// Blocks of a flat row grid: one per `rows_per_block` rows, within the launch limit.
+inline unsigned row_grid(int64_t rows, int rows_per_block) {
+  const int64_t b = (rows + rows_per_block - 1) / rows_per_block;
+  return unsigned(b < 1 ? 1 : (b > 0x7fffffff ? 0x7fffffff : b));
 }
 
 namespace detail {

@@ -4,10 +4,9 @@
 // Cached kernels keep the row in registers, so x is read from memory once:
 //   forward   the shared row mapping of cc/common/cuda_rows.h: a group of G threads per row (a
 //             warp, four rows per 128-thread block, or a block of 64 .. 512 threads), each
-//             thread holding K packs of the row in the storage type; persistent grid, the next
-//             row's loads issued before the current row is reduced and stored, so a 4096-wide
-//             row (64 bfloat16 or 128 float32 threads x 8 packs, 2 x 32 registers of row
-//             data) keeps one row per group in flight through the reductions.
+//             thread holding K packs of the row in the storage type; a flat grid, one group
+//             per row (a 4096-wide row: 64 bfloat16 or 128 float32 threads x 8 packs, 32
+//             registers of row data).
 //             mean = shift + sum(x - shift)/K, var = sum((x - mean)^2)/K (exact two-pass over
 //             registers, shift = x[0]), y = (x - mean)*rstd*scale + bias; scale and bias are
 //             read per row from L1/L2 (16-byte loads).
@@ -87,8 +86,8 @@ __global__ void __launch_bounds__(cuda::row_block_threads<G>()) row_fwd_kernel(F
       cuda::store_acc<D, kVector>(f.y + r * K + c, y);
     });
   };
-  cuda::for_each_row<true>(int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / G,
-                           int64_t(gridDim.x) * kRowsPerBlock, R, load, body);
+  cuda::for_each_row(int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / G,
+                     int64_t(gridDim.x) * kRowsPerBlock, R, load, body);
 }
 
 // Block -> (slice sb, group column c, affine row q) of the backward grid.
@@ -323,8 +322,7 @@ Status row_forward(const Fwd<D>& f, cudaStream_t st) {
   auto run = [&](auto group, auto packs, auto vector) {
     constexpr int G = decltype(group)::value, threads = cuda::row_block_threads<G>();
     constexpr auto kernel = row_fwd_kernel<D, G, decltype(packs)::value, decltype(vector)::value>;
-    const int64_t blocks = (rows + cuda::rows_per_block<G>() - 1) / cuda::rows_per_block<G>();
-    kernel<<<cuda::resident_grid<kernel, threads>(blocks), threads, 0, st>>>(f);
+    kernel<<<cuda::row_grid(rows, cuda::rows_per_block<G>()), threads, 0, st>>>(f);
   };
   // Packs of a row: 16-byte vectors when aligned, else single values.
   const auto shape = [&](int64_t packs, auto vector) {

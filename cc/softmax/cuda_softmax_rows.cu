@@ -6,9 +6,8 @@
 //
 // Shapes (cuda::with_row_shape): a warp per row (G = 32, four rows per 128-thread block) with
 // K = 1, 2, 4 or 8 packs per thread, else one block of G = 64 .. 512 threads per row with
-// K = kRowPacks / operands packs per thread (8 forward, 4 backward). The grid is persistent
-// (one wave) and each group loads its next row before it reduces and stores the current one,
-// so its loads stay in flight through the reductions. A 4096-wide row: float32 forward 128
+// K = kRowPacks / operands packs per thread (8 forward, 4 backward). The grid is flat, one
+// group per row (cuda_rows.h says why). A 4096-wide row: float32 forward 128
 // threads x 8 packs (89-96 registers, 5 blocks per SM, 5 x 16 KiB in flight per SM), bfloat16
 // forward 64 x 8 (80-95 registers, 10-12 blocks, 80-96 KiB), backward 256 (float32) or 128
 // (bfloat16) threads x 4 packs of y and c (2 x 32 KiB or 5 x 16 KiB). Backward rows of 32- and
@@ -20,7 +19,7 @@
 // the online kernel.
 //
 // Traffic: forward rows*cols read + written once; backward 2x read + 1x written, with plain
-// loads and stores (each group reads its last row twice, the second time from L1/L2). Sums in
+// loads and stores. Sums in
 // float (double for float64), in a fixed order: deterministic.
 
 #include <cmath>
@@ -47,7 +46,6 @@ softmax_rows_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restr
   using A = dev_acc_t<T>;
   using Slice = cuda::RowSlice<T, K, kVector>;
   constexpr int kN = Slice::kN, kRowsPerBlock = cuda::rows_per_block<G>();
-  constexpr bool kPrefetch = kOperands<kKind> * K <= cuda::kRowPacks;
   constexpr A kInf = std::numeric_limits<A>::infinity();
   __shared__ A scratch[32];
   const cuda::RowMap<G, K, kN> map{int(threadIdx.x % G), int(cols)};
@@ -100,8 +98,8 @@ softmax_rows_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restr
       });
     }
   };
-  cuda::for_each_row<kPrefetch>(int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / G,
-                                int64_t(gridDim.x) * kRowsPerBlock, rows, load, body);
+  cuda::for_each_row(int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / G,
+                     int64_t(gridDim.x) * kRowsPerBlock, rows, load, body);
 }
 
 // The row lengths launch_typed takes (with 16-byte aligned operands, as XLA allocates them).
@@ -116,7 +114,7 @@ template <Kind kKind, typename T>
 bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
   constexpr int kVecN = cuda::Vec<T>::kN;
   constexpr int kMaxK = kMaxElems<dev_acc_t<T>> / kVecN;  // 4 (16-bit) or 8 packs
-  constexpr int kPrefetchK = cuda::kRowPacks / kOperands<kKind>;
+  constexpr int kSliceK = cuda::kRowPacks / kOperands<kKind>;
   if (!rows_fit<T>(p.cols)) return false;
   const bool aligned = p.cols % kVecN == 0 && cuda::vec_aligned(io.a) &&
                        cuda::vec_aligned(io.out) && (io.b == nullptr || cuda::vec_aligned(io.b));
@@ -127,9 +125,8 @@ bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
     constexpr int G = decltype(group)::value, threads = cuda::row_block_threads<G>();
     constexpr auto kernel =
         softmax_rows_kernel<kKind, T, G, decltype(k)::value, decltype(vector)::value>;
-    const int64_t blocks = (p.rows + cuda::rows_per_block<G>() - 1) / cuda::rows_per_block<G>();
-    kernel<<<cuda::resident_grid<kernel, threads>(blocks), threads, 0, stream>>>(a, b, out, p.rows,
-                                                                                p.cols);
+    kernel<<<cuda::row_grid(p.rows, cuda::rows_per_block<G>()), threads, 0, stream>>>(
+        a, b, out, p.rows, p.cols);
   };
   using std::integral_constant;
   if (!aligned)  // single elements, warp rows only (rows_fit: at most 256)
@@ -137,10 +134,10 @@ bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
       run(g, k, integral_constant<bool, false>{});
     });
   const integral_constant<bool, true> vec;
-  if (cuda::with_row_shape<kPrefetchK, cuda::kMaxRowThreads>(
+  if (cuda::with_row_shape<kSliceK, cuda::kMaxRowThreads>(
           p.cols / kVecN, [&](auto g, auto k) { run(g, k, vec); }))
     return true;
-  if constexpr (kPrefetchK < kMaxK) {  // long backward rows, one at a time
+  if constexpr (kSliceK < kMaxK) {  // long backward rows, one at a time
     run(integral_constant<int, cuda::kMaxRowThreads>{}, integral_constant<int, kMaxK>{}, vec);
     return true;
   }
