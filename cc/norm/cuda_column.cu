@@ -430,9 +430,9 @@ Status column_fused(const Fwd<D>& f, cudaStream_t st, bool* ran) {
   const Shape& s = f.s;
   *ran = false;
   if (s.CK() % N != 0 || !cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y)) return Status::Ok();
-  auto kernel = column_fused_kernel<D, N>;
+  constexpr auto kernel = column_fused_kernel<D, N>;
   FusedCapacity cap;
-  Status status = fused_capacity(kernel, &cap);
+  Status status = fused_capacity<kernel>(&cap);
   const int64_t tiles = column_grid(s, N, kFusedThreads, 1).tiles;
   if (!status.ok() || cap.blocks < s.P * tiles) return status;
   // As many slices per (p, tile) as blocks allow, never more than the workspace holds.

@@ -269,34 +269,55 @@ __device__ __forceinline__ void merge_groups(const Fwd<D>& f, int64_t parts, Par
 
 // What the GPU holds of a fused kernel at once: co-resident blocks (0: no cooperative launch
 // possible) with `stash_bytes` of dynamic shared memory each (all that is left after the
-// kernel's static shared memory), which it sets as the kernel's limit.
+// kernel's static shared memory), which it sets as the kernel's limit. What depends only on the
+// architecture (cooperative launch support, the stash size, blocks per SM) is queried once per
+// kernel, as in cuda::resident_grid; the SM count and the kernel's limit on every call (both
+// belong to the current device).
 struct FusedCapacity {
   int64_t blocks = 0, stash_bytes = 0;
 };
 
-template <typename Kernel>
-Status fused_capacity(Kernel kernel, FusedCapacity* cap) {
-  int dev = 0, sms = 0, optin = 0, coop = 0, per_sm = 0;
-  cudaFuncAttributes attr{};
-  auto attribute = [&](int* v, cudaDeviceAttr a) { return cudaDeviceGetAttribute(v, a, dev); };
+template <auto kKernel>
+Status fused_capacity(FusedCapacity* cap) {
+  struct Arch {
+    cudaError_t error = cudaSuccess;
+    int coop = 0, per_sm = 0;
+    int64_t stash = 0;
+  };
+  static const Arch arch = [] {
+    Arch a;
+    int dev = 0, optin = 0;
+    cudaFuncAttributes attr{};
+    auto step = [&](cudaError_t e) {
+      return a.error == cudaSuccess && (a.error = e) == cudaSuccess;
+    };
+    if (step(cudaGetDevice(&dev)) &&
+        step(cudaDeviceGetAttribute(&a.coop, cudaDevAttrCooperativeLaunch, dev)) &&
+        step(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) &&
+        step(cudaFuncGetAttributes(&attr, kKernel)) && a.coop) {
+      a.stash = std::max<int64_t>(0, (int64_t(optin) - int64_t(attr.sharedSizeBytes)) / 16 * 16);
+      if (a.stash > 0 &&
+          step(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(a.stash))))
+        step(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a.per_sm, kKernel, kFusedThreads,
+                                                           size_t(a.stash)));
+    }
+    return a;
+  }();
   const char* what = "norm fused forward: device query";
+  if (Status st = cuda::check(arch.error, what); !st.ok() || arch.stash == 0 || arch.per_sm == 0)
+    return st;
+  int dev = 0, sms = 0;
   Status st = cuda::check(cudaGetDevice(&dev), what);
-  if (st.ok()) st = cuda::check(attribute(&coop, cudaDevAttrCooperativeLaunch), what);
-  if (st.ok()) st = cuda::check(attribute(&sms, cudaDevAttrMultiProcessorCount), what);
-  if (st.ok()) st = cuda::check(attribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin), what);
-  if (st.ok()) st = cuda::check(cudaFuncGetAttributes(&attr, kernel), what);
-  if (!st.ok() || !coop) return st;
-  const int64_t stash = (int64_t(optin) - int64_t(attr.sharedSizeBytes)) / 16 * 16;
-  if (stash <= 0) return st;
-  st = cuda::check(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(stash)), what);
   if (st.ok())
-    st = cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
-                                                                   kFusedThreads, size_t(stash)),
+    st = cuda::check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), what);
+  if (st.ok())
+    st = cuda::check(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(arch.stash)),
                      what);
   if (!st.ok()) return st;
-  cap->blocks = int64_t(per_sm) * sms;
-  cap->stash_bytes = stash;
+  cap->blocks = int64_t(arch.per_sm) * sms;
+  cap->stash_bytes = arch.stash;
   return st;
 }
 

@@ -371,9 +371,9 @@ Status segment_fused(const Fwd<D>& f, cudaStream_t st, bool* ran) {
   const Shape& s = f.s;
   *ran = false;
   if (s.T % N != 0 || !cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y)) return Status::Ok();
-  auto kernel = segment_fused_kernel<D, N>;
+  constexpr auto kernel = segment_fused_kernel<D, N>;
   FusedCapacity cap;
-  Status status = fused_capacity(kernel, &cap);
+  Status status = fused_capacity<kernel>(&cap);
   if (!status.ok() || cap.blocks == 0) return status;
   const SegmentUnits su{s.T, segment_piece_len(s), segment_pieces(s),
                         s.P * s.A * s.C * s.K * segment_pieces(s)};
