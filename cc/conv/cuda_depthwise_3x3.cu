@@ -1,36 +1,63 @@
 // depthwise_3x3: a register-tiled kernel for the commonest depthwise layer (MobileNet's and
 // EfficientNet's 3x3, stride 1, one output channel per input channel, channels-last), in all
 // three directions. The general `depthwise` kernel stages a halo tile in shared memory and
-// converts it to float; on this layer that staging, not memory, is its limit (~15% of the
-// bandwidth bound, cuda_depthwise.cu). Here nothing is staged: neighbouring threads share the
-// source rows through L1.
+// converts it to float; on this layer that staging, not memory, is its limit (cuda_depthwise.cu).
+// Here nothing is staged: a thread walks a tall strip of rows with a rolling window in
+// registers, and the column neighbours share the source rows through L1.
 //
-// Cost (64x56x56x144, bf16): 0.52 GFLOP against 116 MB of x and y, 28 us of HBM at 4 TB/s: a
-// pure bandwidth problem (4.5 FLOP/byte). Each thread owns kCh = 4 channels (one 8-byte load
-// in 16-bit types, 16 bytes in float32; 4 rather than 8 keeps the 9 filter taps, 36 floats, and
-// the accumulators in ~90 registers, so 3 blocks of 256 threads fit per SM):
-//   fwd / bwd_data  thread = (n, output column q, strip of TH = 4 output rows, kCh channels). The 9
-//                   filter vectors sit in registers (as float); each of the strip's TH + 2
-//                   source rows is loaded once (3 vectors: columns q-1..q+1) and feeds the up
-//                   to 3 output rows that read it: 18 loads for 4 x 36 FMAs per thread. The
-//                   column neighbours re-read the same rows from L1, the row strips overlap by
-//                   2 rows (L2), so HBM sees x and y about once. bwd_data at stride 1 is the
-//                   same correlation of dy with the flipped filter, padding 2 - pad.
-//   bwd_filter      thread = (n, column q, a run of rows, kCh channels): dw(tap, c) partials for
-//                   all 9 taps in 36 float registers, 1 dy + 9 x loads per output pixel (x rows
-//                   from L1); the threads of a block that share channels are summed in a fixed
-//                   order through shared memory into one partial per block, and a second
-//                   kernel adds the block partials in block order (a warp per (tap, channel)):
-//                   bitwise reproducible, no atomics.
-// Channel groups are innermost across a warp, so every load or store instruction of a warp
-// covers contiguous bytes of adjacent pixels.
+// Threads. A thread owns kCh = 2 channels (one 4-byte load in the 16-bit types, 8 bytes in
+// float32) of kW = 2 adjacent columns; channel groups are fastest across a warp, so every load
+// or store instruction of a warp covers contiguous bytes. Two channels by two columns rather
+// than 4 channels by one: the same 36 FMAs per row from 4 loads instead of 3, but half the
+// filter registers (18 floats, not 36), which is what fits 64 registers.
+//   fwd / bwd_data  thread = (image, column pair q0, channel pair, strip of output rows); the
+//       9 filter taps sit in registers as float. Step i loads source row h = p0 - ph + i once
+//       (kSpan = 4 columns q0 - pw .. q0 - pw + 3, zeros outside the image) while the next row
+//       is already loading, and adds it to the 3 output rows that read it: `fresh` (filter row 0,
+//       output p0 + i, started here), `mid` (row 1) and `done` (row 2, output p0 + i - 2, then
+//       stored). The three accumulator rows rotate by name (the loop is unrolled by 3), so
+//       nothing moves. A strip of R output rows costs R + 2 steps. bwd_data at stride 1 is the
+//       same correlation of dy with the 180-degree-rotated filter, padding 2 - pad.
+//   bwd_filter  dw(r, s, c) = sum over (n, p, q) of x(n, p - ph + r, q - pw + s, c) *
+//       dy(n, p, q, c). thread = (channel pair, column pair) of a work item (image, strip of x
+//       rows, column block); step i loads x row h (4 columns) and dy row h + ph (2 columns),
+//       keeps the dy rows h + ph - 1 and h + ph - 2 of the two steps before (rotating by name),
+//       and adds 36 products into the 9 taps x 2 channels of accumulators. A fixed grid (one
+//       wave on 132 SMs, so that the workspace does not depend on the device) takes the items
+//       round-robin; each block sums its threads' accumulators in a fixed order through shared
+//       memory into one partial per (tap, channel), and a second kernel adds the partials in a
+//       fixed order (phases, then a tree): bitwise reproducible, no atomics.
+// Strips: fwd / bwd_data pick the strip count that minimises waves x (rows per strip + 2), with
+// the wave from the SM count; bwd_filter the same with the fixed grid as the wave.
+//
+// Cost of the benchmark layer (N=64, 56x56, C=144, pad 1, bf16; H200: 132 SMs at 1.98 GHz,
+// ~4.3 TB/s device-to-device copy):
+//   Bytes: x and y (dy) 57.8 MB each, 116 MB per direction: 27 us of HBM, the floor. 260 M
+//   FMAs: 4.5 FLOP per byte, memory bound.
+//   fwd / bwd_data: 2016 threads per image (28 column pairs x 72 channel pairs; 8 blocks of
+//       256, 1.6% idle), 512 blocks, one wave of the 528 slots (4 per SM), so one strip of 58
+//       steps per thread. ptxas: 64 registers, 0 spills (every instantiation), 4 blocks = 32
+//       warps per SM. Per step 4 loads, 36 FMAs, 2 stores in ~96 SASS instructions (36 FFMA,
+//       8 unpacks, 4 LDG, 2 STG, 2 packs, ~44 of addresses, predicates and loop): 7.5 M thread
+//       steps = 22.4 M warp instructions, 21 us of issue at 4 per SM per clock, under the 27 us
+//       of HBM. In flight: a warp step brings 256 new bytes of x (512 through L1, the neighbour
+//       columns hitting); with the next row loading, 32 warps x 2 x 256 B = 16 KB per SM, the
+//       ~16 KB that Little's law asks of 2.2 TB/s of reads at ~1 us loaded latency. Predicted
+//       32-40 us each, against 148 / 143 us before and XLA's 92 / 85 us.
+//   bwd_filter: blocks of 72 x 3 = 216 threads, 10 column blocks (30 column pairs, 2 idle),
+//       4 strips of 14 rows: 2560 items on 528 blocks (4 per SM, 72 registers, 0 spills; float32
+//       80 registers, 3 per SM), 4-5 items each. Per step 6 loads, 36 FMAs in ~87 SASS
+//       instructions: 7.2 M thread steps, 19 us of issue. In flight: 28 warps x 2 x 512 new
+//       bytes (x and dy) = 28 KB per SM. Partials: 528 x 1296 floats = 2.7 MB; the sum pass
+//       (162 blocks of 1024 threads) ~3 us. Predicted 35-42 us, against 198 us before and
+//       XLA's 106 us.
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cc/common/cuda_util.h"
-#include "cc/common/cuda_vec.h"
 #include "cc/conv/cuda_algorithms.h"
 
 namespace jaxdnn::conv {
@@ -38,23 +65,43 @@ namespace {
 
 using cuda::device_t;
 
-constexpr int kCh = 4;        // channels per thread
-constexpr int kStrip = 4;     // output rows per thread (fwd / bwd_data)
-constexpr int kThreads = 256;
+constexpr int kCh = 2;               // channels per thread
+constexpr int kW = 2;                // output (bwd_filter: dy) columns per thread
+constexpr int kSpan = kW + 2;        // source (x) columns a thread reads per row
+constexpr int kThreads = 256;        // threads of a fwd / bwd_data block
+constexpr int kConvPerSm = 4;        // fwd / bwd_data blocks resident per SM (launch bounds)
+constexpr int kFilterThreads = 224;  // most threads of a bwd_filter block (7 warps)
+constexpr int kWaveSms = 132;        // the H100/H200 SM count that sizes the bwd_filter grid
+// bwd_filter blocks resident per SM (launch bounds): 4 in the 16-bit types (72 registers), 3 in
+// float32, whose wider loads need 80.
+template <typename In>
+constexpr int kFilterPerSm = sizeof(In) == 2 ? 4 : 3;
+constexpr int kSumPhases = 128;      // pass 2: partial phases per output (block = phases x 8)
 
-// kCh consecutive channels at p (aligned to their size) as floats: one 16-byte load in
-// float32, one 8-byte load in the 16-bit types.
+// kCh channels of T as raw bits: one 4-byte load in the 16-bit types, 8 bytes in float32.
+template <typename T>
+using Raw = std::conditional_t<sizeof(T) == 2, unsigned, uint2>;
+
+// The kCh channels at p, or zeros (no load) where !ok.
+template <typename T>
+__device__ __forceinline__ Raw<T> load_raw(const T* p, bool ok) {
+  return ok ? *reinterpret_cast<const Raw<T>*>(p) : Raw<T>{};
+}
+
+template <typename T>
+__device__ __forceinline__ void to_float(const Raw<T>& r, float (&v)[kCh]) {
+  if constexpr (sizeof(T) == 2) {
+    const float2 a = cuda::unpack_acc<T>(r);
+    v[0] = a.x, v[1] = a.y;
+  } else {
+    v[0] = __uint_as_float(r.x), v[1] = __uint_as_float(r.y);
+  }
+}
+
 template <typename T>
 struct alignas(sizeof(T) * kCh) Chunk {
   T v[kCh];
 };
-
-template <typename T>
-__device__ __forceinline__ void load_ch(const T* p, float (&v)[kCh]) {
-  const Chunk<T> a = *reinterpret_cast<const Chunk<T>*>(p);
-#pragma unroll
-  for (int k = 0; k < kCh; ++k) v[k] = cuda::to_acc(a.v[k]);
-}
 
 template <typename T>
 __device__ __forceinline__ void store_ch(T* p, const float (&v)[kCh]) {
@@ -65,134 +112,217 @@ __device__ __forceinline__ void store_ch(T* p, const float (&v)[kCh]) {
 }
 
 // A correlation of src (n, hs, ws, C) with the 3x3 filter into dst (n, hd, wd, C), padding
-// (ph, pw) before the first row/column; `flip` reads the filter rotated by 180 degrees.
-struct Geo {
-  int n, hs, ws, hd, wd, C, ph, pw;
-  __host__ __device__ int cg() const { return C / kCh; }  // channel groups of kCh
+// (ph, pw) before the first row / column. Block b = (image, strip, column block cb), cb
+// fastest; its kThreads threads take the items j = cb * kThreads + threadIdx.x of the strip's
+// (column group of kW, channel group of kCh) items, channel group fastest.
+struct ConvGeo {
+  int hs, ws, hd, wd, C, ph, pw;
+  int groups;      // channel groups, C / kCh
+  int rows;        // output rows per strip
+  int strips;      // strips per image
+  int col_blocks;  // blocks per strip, ceil(ceil(wd / kW) * groups / kThreads)
 };
 
 template <typename In, typename Out>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kConvPerSm)
 depthwise3_conv_kernel(const In* __restrict__ src, const In* __restrict__ w, Out* __restrict__ dst,
-                       Geo g, bool flip) {
-  const int strips = (g.hd + kStrip - 1) / kStrip;
-  const int64_t total = int64_t(g.n) * strips * g.wd * g.cg();
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int cgi = int(e % g.cg()), q = int(e / g.cg() % g.wd);
-    const int strip = int(e / (int64_t(g.cg()) * g.wd) % strips);
-    const int n = int(e / (int64_t(g.cg()) * g.wd * strips));
-    const int c = cgi * kCh, p0 = strip * kStrip;
-    float wt[9][kCh];
+                       ConvGeo g, bool flip) {
+  const int cb = blockIdx.x % g.col_blocks, ns = blockIdx.x / g.col_blocks;
+  const int j = cb * kThreads + threadIdx.x, cols = (g.wd + kW - 1) / kW;
+  if (j >= cols * g.groups) return;
+  const int n = ns / g.strips, p0 = ns % g.strips * g.rows;
+  const int q0 = j / g.groups * kW, c = j % g.groups * kCh;
+  // Step i reads source row h0 + i: its output rows are p0 + i - r through filter row r.
+  const int h0 = p0 - g.ph, steps = min(g.rows, g.hd - p0) + 2;
+  float wt[9][kCh];
 #pragma unroll
-    for (int t = 0; t < 9; ++t) load_ch(w + int64_t(flip ? 8 - t : t) * g.C + c, wt[t]);
-    float acc[kStrip][kCh] = {};
+  for (int t = 0; t < 9; ++t)
+    to_float<In>(load_raw(w + (flip ? 8 - t : t) * g.C + c, true), wt[t]);
+  // Source columns x0 + s; unsigned offsets: the rows above the image and the columns left of
+  // it wrap, and are never read or written.
+  const int x0 = q0 - g.pw;
+  const unsigned src_pitch = unsigned(g.ws) * g.C, dst_pitch = unsigned(g.wd) * g.C;
+  const unsigned src0 = (unsigned(n * g.hs + h0) * g.ws + x0) * g.C + c;
+  const unsigned dst0 = unsigned(n * g.hd + p0 - 2) * dst_pitch + unsigned(q0) * g.C + c;
+  auto load_row = [&](int i, Raw<In> (&v)[kSpan]) {
+    const bool ok = unsigned(h0 + i) < unsigned(g.hs) && i < steps;
 #pragma unroll
-    for (int i = 0; i < kStrip + 2; ++i) {  // source row p0 - ph + i feeds output rows p0 + i - r
-      const int h = p0 - g.ph + i;
-      if (h < 0 || h >= g.hs) continue;
-      float xv[3][kCh];
-      const In* row = src + (int64_t(n) * g.hs + h) * g.ws * g.C + c;
+    for (int s = 0; s < kSpan; ++s)
+      v[s] = load_raw(src + (src0 + unsigned(i) * src_pitch + s * g.C),
+                      ok && unsigned(x0 + s) < unsigned(g.ws));
+  };
+  Raw<In> cur[kSpan];
+  load_row(0, cur);
+  // Step i: `fresh` starts output row p0 + i (filter row 0), `mid` adds row 1 to p0 + i - 1,
+  // `done` adds row 2 to p0 + i - 2, which is then complete; the next row is already loading.
+  using Acc = float[kW][kCh];
+  auto step = [&](int i, Acc& fresh, Acc& mid, Acc& done) {
+    Raw<In> nxt[kSpan];
+    load_row(i + 1, nxt);
+    float x[kSpan][kCh];
 #pragma unroll
-      for (int s = 0; s < 3; ++s) {
-        const int col = q - g.pw + s;
-        if (col >= 0 && col < g.ws) load_ch(row + int64_t(col) * g.C, xv[s]);
-        else
+    for (int s = 0; s < kSpan; ++s) to_float<In>(cur[s], x[s]);
 #pragma unroll
-          for (int k = 0; k < kCh; ++k) xv[s][k] = 0.f;
+    for (int u = 0; u < kW; ++u)
+#pragma unroll
+      for (int k = 0; k < kCh; ++k) {
+        fresh[u][k] = wt[0][k] * x[u][k];
+#pragma unroll
+        for (int s = 0; s < 3; ++s) {
+          if (s > 0) fresh[u][k] = fmaf(wt[s][k], x[u + s][k], fresh[u][k]);
+          mid[u][k] = fmaf(wt[3 + s][k], x[u + s][k], mid[u][k]);
+          done[u][k] = fmaf(wt[6 + s][k], x[u + s][k], done[u][k]);
+        }
       }
 #pragma unroll
-      for (int r = 0; r < 3; ++r) {
-        const int t = i - r;
-        if (t < 0 || t >= kStrip) continue;
+    for (int u = 0; u < kW; ++u)
+      if (i >= 2 && q0 + u < g.wd)
+        store_ch(dst + (dst0 + unsigned(i) * dst_pitch + u * g.C), done[u]);
 #pragma unroll
-        for (int s = 0; s < 3; ++s)
-#pragma unroll
-          for (int k = 0; k < kCh; ++k) acc[t][k] = fmaf(wt[r * 3 + s][k], xv[s][k], acc[t][k]);
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kStrip; ++t)
-      if (p0 + t < g.hd) store_ch(dst + ((int64_t(n) * g.hd + p0 + t) * g.wd + q) * g.C + c, acc[t]);
+    for (int s = 0; s < kSpan; ++s) cur[s] = nxt[s];
+  };
+  Acc a0, a1 = {}, a2 = {};  // the rows of steps 0, 1, 2 (mod 3)
+  for (int i = 0;; i += 3) {
+    step(i, a0, a2, a1);
+    if (i + 1 == steps) break;
+    step(i + 1, a1, a0, a2);
+    if (i + 2 == steps) break;
+    step(i + 2, a2, a1, a0);
+    if (i + 3 == steps) break;
   }
 }
 
-// bwd_filter, pass 1. Block = (qb columns) x (channel groups of kCh), thread (qi, cgi) with cgi
-// fastest; block b covers image n = b / (col_blocks * row_blocks), columns
-// [qb * (b / row_blocks % col_blocks), +qb), output rows [rows * (b % row_blocks), +rows).
-// partial[b][tap][C] = the block's sum, its threads added in qi order.
+// bwd_filter, pass 1: dw(r, s, c) = sum over (n, p, q) of x(n, p - ph + r, q - pw + s, c) *
+// dy(n, p, q, c). Work item = (image, strip of x rows, column block cb), cb fastest; block
+// (blockIdx.x = b, blockIdx.y = channel block) takes the items b, b + gridDim.x, ... in order,
+// its cgb x qb threads (channel group fastest) the item's qb column groups. A thread walks its
+// strip's x rows h: row h pairs with dy rows h + ph - r (filter row r).
 struct FilterGeo {
-  Geo g;  // src = x (hs, ws), the reduction runs over dy (hd = P, wd = Q)
-  int qb, rows, col_blocks, row_blocks;
+  int hs, ws, hd, wd, C, ph, pw;  // x (hs, ws), dy (hd, wd)
+  int groups;                     // channel groups, C / kCh
+  int cgb, qb;                    // block shape: channel groups x column groups
+  int rows, strips, col_blocks;   // x rows per strip, strips per image, column blocks
+  int items;                      // images x strips x column blocks
+  int grid;                       // blocks along x (the partials), at most items
 };
 
 template <typename In>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kFilterThreads, kFilterPerSm<In>)
 depthwise3_filter_kernel(const In* __restrict__ x, const In* __restrict__ dy,
                          float* __restrict__ partial, FilterGeo f) {
-  extern __shared__ float sums[];  // [qb][channel group][9 * kCh]
-  const Geo& g = f.g;
-  const int cgs = g.cg(), cgi = threadIdx.x % cgs, qi = threadIdx.x / cgs;
-  const int b = blockIdx.x;
-  const int n = b / (f.col_blocks * f.row_blocks);
-  const int q = (b / f.row_blocks % f.col_blocks) * f.qb + qi;
-  const int p_begin = (b % f.row_blocks) * f.rows, p_end = min(g.hd, p_begin + f.rows);
-  const int c = cgi * kCh;
+  __shared__ float sums[kFilterThreads][9][kCh];  // [thread][tap][channel]
+  const int cg = blockIdx.y * f.cgb + threadIdx.x, c = cg * kCh;
+  const unsigned x_pitch = unsigned(f.ws) * f.C, dy_pitch = unsigned(f.wd) * f.C;
   float acc[9][kCh] = {};
-  if (qi < f.qb && q < g.wd) {
-    for (int p = p_begin; p < p_end; ++p) {
-      float d[kCh];
-      load_ch(dy + ((int64_t(n) * g.hd + p) * g.wd + q) * g.C + c, d);
+  // Threads past the last channel group take no item (but reach the barrier).
+  for (int item = cg < f.groups ? int(blockIdx.x) : f.items; item < f.items; item += gridDim.x) {
+    const int cb = item % f.col_blocks, ns = item / f.col_blocks;
+    const int n = ns / f.strips, h0 = ns % f.strips * f.rows;
+    const int q0 = (cb * f.qb + threadIdx.y) * kW;
+    if (q0 >= f.wd) continue;
+    const int steps = min(f.rows, f.hs - h0);  // x rows h0 + i
+    // x columns x0 + s, dy rows p0 + i (p0 = h0 + ph - 2); unsigned offsets: the rows above the
+    // image and the columns left of it wrap, and are never read.
+    const int x0 = q0 - f.pw, p0 = h0 + f.ph - 2;
+    const unsigned xo = (unsigned(n * f.hs + h0) * f.ws + x0) * f.C + c;
+    const unsigned dyo = unsigned(n * f.hd + p0) * dy_pitch + unsigned(q0) * f.C + c;
+    auto load_dy = [&](int i, bool ok, Raw<In> (&d)[kW]) {
+      ok = ok && unsigned(p0 + i) < unsigned(f.hd);
 #pragma unroll
-      for (int r = 0; r < 3; ++r) {
-        const int h = p - g.ph + r;
-        if (h < 0 || h >= g.hs) continue;
-        const In* row = x + (int64_t(n) * g.hs + h) * g.ws * g.C + c;
+      for (int u = 0; u < kW; ++u)
+        d[u] = load_raw(dy + (dyo + unsigned(i) * dy_pitch + u * f.C), ok && q0 + u < f.wd);
+    };
+    // Step i: x row h0 + i and dy row h0 + i + ph (= p0 + i + 2).
+    auto load_step = [&](int i, Raw<In> (&v)[kSpan], Raw<In> (&d)[kW]) {
+      const bool ok = i < steps;
 #pragma unroll
-        for (int s = 0; s < 3; ++s) {
-          const int col = q - g.pw + s;
-          if (col < 0 || col >= g.ws) continue;
-          float xv[kCh];
-          load_ch(row + int64_t(col) * g.C, xv);
+      for (int s = 0; s < kSpan; ++s)
+        v[s] = load_raw(x + (xo + unsigned(i) * x_pitch + s * f.C),
+                        ok && unsigned(x0 + s) < unsigned(f.ws));
+      load_dy(i + 2, ok, d);
+    };
+    using Dy = float[kW][kCh];
+    auto to_dy = [](const Raw<In> (&r)[kW], Dy& d) {
 #pragma unroll
-          for (int k = 0; k < kCh; ++k) acc[r * 3 + s][k] = fmaf(xv[k], d[k], acc[r * 3 + s][k]);
-        }
-      }
+      for (int u = 0; u < kW; ++u) to_float<In>(r[u], d[u]);
+    };
+    Raw<In> cur[kSpan], cur_d[kW];
+    load_step(0, cur, cur_d);
+    Dy d0, d1, d2;  // dy rows of steps 0, 1, 2 (mod 3)
+    {
+      Raw<In> r[kW];
+      load_dy(1, true, r);  // filter row 1 of step 0
+      to_dy(r, d1);
+      load_dy(0, true, r);  // filter row 2 of step 0
+      to_dy(r, d2);
+    }
+    // Step i: `fresh` = dy row h + ph (filter row 0), `mid` = h + ph - 1, `old` = h + ph - 2;
+    // the next step's rows are already loading.
+    auto step = [&](int i, Dy& fresh, const Dy& mid, const Dy& old) {
+      Raw<In> nxt[kSpan], nxt_d[kW];
+      load_step(i + 1, nxt, nxt_d);
+      to_dy(cur_d, fresh);
+      float xv[kSpan][kCh];
+#pragma unroll
+      for (int s = 0; s < kSpan; ++s) to_float<In>(cur[s], xv[s]);
+#pragma unroll
+      for (int u = 0; u < kW; ++u)
+#pragma unroll
+        for (int s = 0; s < 3; ++s)
+#pragma unroll
+          for (int k = 0; k < kCh; ++k) {
+            acc[s][k] = fmaf(xv[u + s][k], fresh[u][k], acc[s][k]);
+            acc[3 + s][k] = fmaf(xv[u + s][k], mid[u][k], acc[3 + s][k]);
+            acc[6 + s][k] = fmaf(xv[u + s][k], old[u][k], acc[6 + s][k]);
+          }
+#pragma unroll
+      for (int s = 0; s < kSpan; ++s) cur[s] = nxt[s];
+#pragma unroll
+      for (int u = 0; u < kW; ++u) cur_d[u] = nxt_d[u];
+    };
+    for (int i = 0;; i += 3) {
+      step(i, d0, d1, d2);
+      if (i + 1 == steps) break;
+      step(i + 1, d2, d0, d1);
+      if (i + 2 == steps) break;
+      step(i + 2, d1, d2, d0);
+      if (i + 3 == steps) break;
     }
   }
-  if (qi < f.qb) {
-    float* mine = sums + (qi * cgs + cgi) * 9 * kCh;
+  const int t = threadIdx.y * f.cgb + threadIdx.x;
 #pragma unroll
-    for (int t = 0; t < 9; ++t)
+  for (int tap = 0; tap < 9; ++tap)
 #pragma unroll
-      for (int k = 0; k < kCh; ++k) mine[t * kCh + k] = acc[t][k];
-  }
+    for (int k = 0; k < kCh; ++k) sums[t][tap][k] = acc[tap][k];
   __syncthreads();
-  // Fixed-order sum over qi of each (channel group, tap, channel): 72 values per group.
-  for (int j = threadIdx.x; j < cgs * 9 * kCh; j += blockDim.x) {
-    const int cg = j / (9 * kCh), tk = j % (9 * kCh);
-    float s = 0.f;
-    for (int i = 0; i < f.qb; ++i) s += sums[(i * cgs + cg) * 9 * kCh + tk];
-    const int tap = tk / kCh, k = tk % kCh;
-    partial[(int64_t(b) * 9 + tap) * g.C + cg * kCh + k] = s;
+  // Fixed-order sum over the block's column groups of each (tap, channel), channel fastest.
+  const int cg0 = blockIdx.y * f.cgb, chans = min(f.cgb, f.groups - cg0) * kCh;
+  for (int e = t; e < 9 * chans; e += f.cgb * f.qb) {
+    const int tap = e / chans, ch = e % chans;
+    float v = 0.f;
+    for (int i = 0; i < f.qb; ++i) v += sums[i * f.cgb + ch / kCh][tap][ch % kCh];
+    partial[(int64_t(blockIdx.x) * 9 + tap) * f.C + cg0 * kCh + ch] = v;
   }
 }
 
-// Pass 2: dw[tap][c] = sum over blocks in order; a warp per output, lanes take blocks
-// lane, lane + 32, ... and combine in a fixed shuffle tree.
+// Pass 2: dw[o] = the sum over blocks b of partial[b][o] (o = tap * C + c). Block = kSumPhases
+// phases x 8 outputs; phase i adds the blocks i, i + kSumPhases, ... in order (a warp reads 4
+// phases x 32 contiguous bytes), then a fixed tree adds the phases.
 template <typename Out>
-__global__ void depthwise3_filter_sum_kernel(const float* __restrict__ partial,
-                                             Out* __restrict__ dw, int blocks, int C) {
-  const int lane = threadIdx.x & 31;
-  const int64_t outputs = 9 * int64_t(C);
-  for (int64_t o = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; o < outputs;
-       o += int64_t(gridDim.x) * blockDim.x / 32) {
-    float s = 0.f;
-    for (int b = lane; b < blocks; b += 32) s += partial[int64_t(b) * outputs + o];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (lane == 0) dw[o] = cuda::from_acc<Out>(s);
+__global__ void __launch_bounds__(kSumPhases * 8)
+depthwise3_filter_sum_kernel(const float* __restrict__ partial, Out* __restrict__ dw, int blocks,
+                             int outputs) {
+  __shared__ float sums[kSumPhases][8];
+  const int oi = threadIdx.x % 8, phase = threadIdx.x / 8, o = blockIdx.x * 8 + oi;
+  float v = 0.f;
+  if (o < outputs)
+    for (int b = phase; b < blocks; b += kSumPhases) v += partial[int64_t(b) * outputs + o];
+  sums[phase][oi] = v;
+  for (int half = kSumPhases / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (phase < half) sums[phase][oi] += sums[phase + half][oi];
   }
+  if (phase == 0 && o < outputs) dw[o] = cuda::from_acc<Out>(sums[0][oi]);
 }
 
 Support supports(const Args& a) {
@@ -208,40 +338,63 @@ Support supports(const Args& a) {
   for (int i = 0; i < 3; ++i)
     if (p.stride[i] != 1 || p.rhs_dil[i] != 1 || p.lhs_dil[i] != 1)
       return Support::No("stride 1 and no dilation only");
-  if (p.C % kCh != 0 || p.C / kCh > kThreads)
-    return Support::No("C must be a multiple of " + std::to_string(kCh) + ", at most " +
-                       std::to_string(kCh * kThreads));
+  if (p.C % kCh != 0) return Support::No("C must be a multiple of " + std::to_string(kCh));
   if (p.x_elems() >= (int64_t(1) << 31) || p.y_elems() >= (int64_t(1) << 31))
     return Support::No("tensors of 2^31 or more elements are not supported");
   return Support::Yes();
 }
 
-Geo conv_geo(const Problem& p) {  // fwd: x -> y
-  return {int(p.N), int(p.in[1]), int(p.in[2]), int(p.out[1]), int(p.out[2]), int(p.C),
-          int(p.pad_lo[1]), int(p.pad_lo[2])};
+// Strips per image for `blocks` blocks per strip when `wave` blocks run at once: the fewest
+// rounds of (rows per strip + halo) steps, counting a partial wave as a whole one.
+int pick_strips(int64_t blocks, int rows, int halo, int64_t wave) {
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int s = 1; s <= rows; ++s) {
+    const int per = (rows + s - 1) / s;
+    if (s > 1 && (rows + per - 1) / per != s) continue;  // the same strips as fewer
+    const int64_t cost = (blocks * s + wave - 1) / wave * (per + halo);
+    if (cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
 }
 
-FilterGeo filter_geo(const Problem& p) {
-  FilterGeo f;
-  f.g = conv_geo(p);
-  const int cgs = f.g.cg();
-  f.qb = std::max(1, std::min(kThreads / cgs, f.g.wd));
-  f.col_blocks = (f.g.wd + f.qb - 1) / f.qb;
-  // Enough blocks to fill the GPU about twice (132 SMs), by cutting the rows.
-  const int64_t base = int64_t(f.g.n) * f.col_blocks;
-  f.row_blocks = int(std::min<int64_t>(f.g.hd, std::max<int64_t>(1, (264 + base - 1) / base)));
-  f.rows = (f.g.hd + f.row_blocks - 1) / f.row_blocks;
-  f.row_blocks = (f.g.hd + f.rows - 1) / f.rows;
+// fwd / bwd_data: the strips when `wave` blocks run at once. bwd_data: dx = dy correlated with
+// the flipped filter, padding 2 - pad.
+ConvGeo conv_geo(const Args& a, int wave) {
+  const Problem& p = a.p;
+  ConvGeo g = {int(p.in[1]), int(p.in[2]), int(p.out[1]), int(p.out[2]), int(p.C),
+               int(p.pad_lo[1]), int(p.pad_lo[2])};
+  if (a.dir == Direction::kBwdData) g = {g.hd, g.wd, g.hs, g.ws, g.C, 2 - g.ph, 2 - g.pw};
+  g.groups = g.C / kCh;
+  g.col_blocks = int((int64_t((g.wd + kW - 1) / kW) * g.groups + kThreads - 1) / kThreads);
+  g.strips = pick_strips(int64_t(p.N) * g.col_blocks, std::max(g.hd, 1), 2, wave);
+  g.rows = (g.hd + g.strips - 1) / g.strips;
+  return g;
+}
+
+// bwd_filter: the work items and the pass 1 grid, one wave of kFilterPerSm blocks on kWaveSms
+// SMs at most (a constant, so that the workspace does not depend on the device).
+FilterGeo filter_geo(const Args& a) {
+  const Problem& p = a.p;
+  FilterGeo f = {int(p.in[1]),     int(p.in[2]),     int(p.out[1]), int(p.out[2]), int(p.C),
+                 int(p.pad_lo[1]), int(p.pad_lo[2])};
+  f.groups = f.C / kCh;
+  f.cgb = std::max(1, std::min(f.groups, kFilterThreads));
+  const int cols = (f.wd + kW - 1) / kW;
+  f.qb = std::max(1, std::min(kFilterThreads / f.cgb, cols));
+  f.col_blocks = (cols + f.qb - 1) / f.qb;
+  const int wave =
+      kWaveSms * (a.in == DType::kF32 ? kFilterPerSm<float> : kFilterPerSm<__nv_bfloat16>);
+  f.strips = pick_strips(int64_t(p.N) * f.col_blocks, std::max(f.hs, 1), 2, wave);
+  f.rows = (f.hs + f.strips - 1) / f.strips;
+  f.items = f.wd == 0 || f.hs == 0 ? 0 : int(p.N) * f.strips * f.col_blocks;
+  f.grid = std::min(f.items, wave);
   return f;
-}
-
-int64_t filter_blocks(const FilterGeo& f) {
-  return int64_t(f.g.n) * f.col_blocks * f.row_blocks;
 }
 
 int64_t workspace_bytes(const Args& a) {
   if (a.dir != Direction::kBwdFilter) return 0;
-  return align256(filter_blocks(filter_geo(a.p)) * 9 * a.p.C * int64_t(sizeof(float)));
+  return align256(int64_t(filter_geo(a).grid) * 9 * a.p.C * int64_t(sizeof(float)));
 }
 
 template <typename In, typename Out>
@@ -249,35 +402,25 @@ Status run_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t stream)
   const Problem& p = a.p;
   const In* w = static_cast<const In*>(b.w);
   if (a.dir != Direction::kBwdFilter) {
-    Geo g = conv_geo(p);
     const bool fwd = a.dir == Direction::kFwd;
-    if (!fwd) {  // dx = dy correlated with the flipped filter, padding 2 - pad
-      g = {int(p.N), int(p.out[1]), int(p.out[2]), int(p.in[1]), int(p.in[2]), int(p.C),
-           2 - int(p.pad_lo[1]), 2 - int(p.pad_lo[2])};
-    }
-    const int64_t total =
-        int64_t(g.n) * ((g.hd + kStrip - 1) / kStrip) * g.wd * g.cg();
-    if (total == 0) return Status::Ok();
-    depthwise3_conv_kernel<In, Out><<<cuda::grid_for(total, kThreads), kThreads, 0, stream>>>(
+    const ConvGeo g = conv_geo(a, std::max(cuda::sm_count(), 1) * kConvPerSm);
+    const int64_t blocks = g.hd == 0 ? 0 : int64_t(p.N) * g.strips * g.col_blocks;
+    if (blocks == 0) return Status::Ok();
+    depthwise3_conv_kernel<In, Out><<<unsigned(blocks), kThreads, 0, stream>>>(
         static_cast<const In*>(fwd ? b.x : b.y), w, static_cast<Out*>(b.result), g, !fwd);
     return cuda::check_launch("conv depthwise3_conv_kernel");
   }
-  const FilterGeo f = filter_geo(p);
-  const int64_t blocks = filter_blocks(f);
+  const FilterGeo f = filter_geo(a);
   float* partial = static_cast<float*>(ws);
-  if (blocks > 0) {
-    const int smem = f.qb * f.g.cg() * 9 * kCh * int(sizeof(float));
-    auto kernel = depthwise3_filter_kernel<In>;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-        cudaSuccess)
-      return cuda::check_launch("conv depthwise3_filter_kernel");
-    kernel<<<unsigned(blocks), f.qb * f.g.cg(), smem, stream>>>(
-        static_cast<const In*>(b.x), static_cast<const In*>(b.y), partial, f);
+  if (f.grid > 0) {
+    depthwise3_filter_kernel<In>
+        <<<dim3(f.grid, (f.groups + f.cgb - 1) / f.cgb), dim3(f.cgb, f.qb), 0, stream>>>(
+            static_cast<const In*>(b.x), static_cast<const In*>(b.y), partial, f);
     if (Status st = cuda::check_launch("conv depthwise3_filter_kernel"); !st.ok()) return st;
   }
-  depthwise3_filter_sum_kernel<Out><<<cuda::grid_for(9 * p.C * 32, kThreads), kThreads, 0,
-                                      stream>>>(partial, static_cast<Out*>(b.result),
-                                                int(blocks), int(p.C));
+  const int outputs = 9 * int(p.C);
+  depthwise3_filter_sum_kernel<Out><<<unsigned((outputs + 7) / 8), kSumPhases * 8, 0, stream>>>(
+      partial, static_cast<Out*>(b.result), f.grid, outputs);
   return cuda::check_launch("conv depthwise3_filter_sum_kernel");
 }
 
