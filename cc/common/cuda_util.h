@@ -70,6 +70,15 @@ inline Status check(cudaError_t e, const char* what) {
                        cudaGetErrorString(e));
 }
 
+// Streaming multiprocessors of the current device (0 if it cannot be queried).
+inline int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 0;
+  return sms;
+}
+
 // Blocks for a grid-stride loop over n items: one per `threads` items (each thread then runs
 // the loop body once: the flat launch shape that streams fastest on the H200, 4.11 TB/s for a
 // float32 relu against 3.74-3.81 for grids capped at one to four waves, benchmarks/NOTES.md),
