@@ -301,6 +301,24 @@ JAXDNN_ALWAYS_INLINE void finish_stats(const Moments& m, S<T>* mean, S<T>* var) 
   *var = S<T>(m.m2 / m.n);
 }
 
+// Mean and variance of group g = (p, c) from its (slice, k) partials in ws0 / ws1, merged with
+// Chan's update in a fixed order (slices, then k): the result depends only on the shape.
+template <typename T>
+JAXDNN_ALWAYS_INLINE void merge_group_stats(const FwdView<T>& v, int64_t g) {
+  const Shape& s = v.s;
+  const int64_t nsl = num_slices(s), rps = rows_per_slice(s), CK = s.CK();
+  const int64_t p = g / s.C, c = g % s.C;
+  Moments m;
+  for (int64_t sl = 0; sl < nsl; ++sl) {
+    const double n = double(std::min(rps, s.A - sl * rps) * s.T);
+    for (int64_t k = 0; k < s.K; ++k) {
+      const int64_t off = (p * nsl + sl) * CK + c * s.K + k;
+      m.merge(n, double(v.ws0[off]), double(v.ws1[off]));
+    }
+  }
+  finish_stats<T>(m, v.mean + g, v.var + g);
+}
+
 // Backward per-group coefficients from the group sums sg = sum(scale*dy) and
 // sgx = sum(scale*dy*xhat) over n values (see BwdBuffers in norm.h). Inference writes the
 // statistics' gradients instead and leaves dx = scale*rstd*dy (c1 = c2 = 0).
@@ -340,6 +358,9 @@ template <typename T> void segment_stats(const FwdView<T>& v, const Parallel& pa
 template <typename T> void segment_apply(const FwdView<T>& v, const Parallel& par);
 template <typename T> void segment_grads(const BwdView<T>& v, const Parallel& par);
 template <typename T> void segment_dx(const BwdView<T>& v, const Parallel& par);
+// The training forward in one pass over groups when each group is K contiguous segments that
+// fit the core's cache (cpu_segment.cc); false (nothing done) otherwise.
+template <typename T> bool segment_fused(const FwdView<T>& v, const Parallel& par);
 
 #define JAXDNN_NORM_CPU_INSTANTIATE(fn, View)                                 \
   template void fn<float>(const View<float>&, const Parallel&);               \

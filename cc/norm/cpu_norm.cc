@@ -22,21 +22,9 @@ constexpr int64_t kMergeGroups = 64;
 template <typename T>
 void merge_stats(const FwdView<T>& v, const Parallel& par) {
   const Shape& s = v.s;
-  const int64_t nsl = num_slices(s), rps = rows_per_slice(s), CK = s.CK();
   par.for_each((s.groups() + kMergeGroups - 1) / kMergeGroups, [&](int64_t task) {
     const int64_t g1 = std::min(s.groups(), (task + 1) * kMergeGroups);
-    for (int64_t g = task * kMergeGroups; g < g1; ++g) {
-      const int64_t p = g / s.C, c = g % s.C;
-      Moments m;
-      for (int64_t sl = 0; sl < nsl; ++sl) {
-        const double n = double(std::min(rps, s.A - sl * rps) * s.T);
-        for (int64_t k = 0; k < s.K; ++k) {
-          const int64_t off = (p * nsl + sl) * CK + c * s.K + k;
-          m.merge(n, double(v.ws0[off]), double(v.ws1[off]));
-        }
-      }
-      finish_stats<T>(m, v.mean + g, v.var + g);
-    }
+    for (int64_t g = task * kMergeGroups; g < g1; ++g) merge_group_stats(v, g);
   });
 }
 
@@ -136,6 +124,7 @@ void forward(const Problem& p, const FwdBuffers& b, bool training, const Paralle
       column_apply(v, par);
       return;
     case Path::kSegment:
+      if (training && segment_fused(v, par)) return;
       if (training) {
         segment_stats(v, par);
         merge_stats(v, par);
