@@ -11,7 +11,7 @@
 // threads x 8 packs (89-96 registers, 5 blocks per SM, 5 x 16 KiB in flight per SM), bfloat16
 // forward 64 x 8 (80-95 registers, 10-12 blocks, 80-96 KiB), backward 256 (float32) or 128
 // (bfloat16) threads x 4 packs of y and c (2 x 32 KiB or 5 x 16 KiB). Backward rows of 32- and
-// 64-bit types longer than 512 x 4 packs take 512 x 8, one row at a time.
+// 64-bit types longer than 512 x 4 packs take 512 x 8.
 //
 // Limits (rows_fit): rows of up to 512 threads x 32 elements (16 doubles), i.e. 16384 (8192)
 // elements, 16-byte aligned (aligned pointers and cols * sizeof(T) a multiple of 16); unaligned
@@ -19,8 +19,7 @@
 // the online kernel.
 //
 // Traffic: forward rows*cols read + written once; backward 2x read + 1x written, with plain
-// loads and stores. Sums in
-// float (double for float64), in a fixed order: deterministic.
+// loads and stores. Sums in float (double for float64), in a fixed order: deterministic.
 
 #include <cmath>
 #include <limits>
@@ -137,7 +136,7 @@ bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
   if (cuda::with_row_shape<kSliceK, cuda::kMaxRowThreads>(
           p.cols / kVecN, [&](auto g, auto k) { run(g, k, vec); }))
     return true;
-  if constexpr (kSliceK < kMaxK) {  // long backward rows, one at a time
+  if constexpr (kSliceK < kMaxK) {  // long backward rows: 512 threads x kMaxK packs
     run(integral_constant<int, cuda::kMaxRowThreads>{}, integral_constant<int, kMaxK>{}, vec);
     return true;
   }
