@@ -114,6 +114,21 @@ __device__ __forceinline__ void store_ch(T* p, const float (&v)[kCh]) {
   *reinterpret_cast<Chunk<T>*>(p) = a;
 }
 
+// step(i, u, v, w) for i = 0 .. steps - 1 (steps >= 1), the three register rows rotating by
+// name: (u, v, w) at step 0, (w, u, v) at step 1, (v, w, u) at step 2, and so on, so that no
+// row is ever copied (the loop is unrolled by three).
+template <typename Row, typename Step>
+__device__ __forceinline__ void rotating_steps(int steps, Row& u, Row& v, Row& w, Step step) {
+  for (int i = 0;; i += 3) {
+    step(i, u, v, w);
+    if (i + 1 == steps) break;
+    step(i + 1, w, u, v);
+    if (i + 2 == steps) break;
+    step(i + 2, v, w, u);
+    if (i + 3 == steps) break;
+  }
+}
+
 // A correlation of src (n, hs, ws, C) with the 3x3 filter into dst (n, hd, wd, C), padding
 // (ph, pw) before the first row / column. Block b = (image, strip, column block cb), cb
 // fastest; its kThreads threads take the items j = cb * kThreads + threadIdx.x of the strip's
@@ -185,14 +200,7 @@ depthwise3_conv_kernel(const In* __restrict__ src, const In* __restrict__ w, Out
     for (int s = 0; s < kSpan; ++s) cur[s] = nxt[s];
   };
   Acc a0, a1 = {}, a2 = {};  // the rows of steps 0, 1, 2 (mod 3)
-  for (int i = 0;; i += 3) {
-    step(i, a0, a2, a1);
-    if (i + 1 == steps) break;
-    step(i + 1, a1, a0, a2);
-    if (i + 2 == steps) break;
-    step(i + 2, a2, a1, a0);
-    if (i + 3 == steps) break;
-  }
+  rotating_steps(steps, a0, a2, a1, step);
 }
 
 // bwd_filter, pass 1: dw(r, s, c) = sum over (n, p, q) of x(n, p - ph + r, q - pw + s, c) *
@@ -283,14 +291,7 @@ depthwise3_filter_kernel(const In* __restrict__ x, const In* __restrict__ dy,
 #pragma unroll
       for (int u = 0; u < kW; ++u) cur_d[u] = nxt_d[u];
     };
-    for (int i = 0;; i += 3) {
-      step(i, d0, d1, d2);
-      if (i + 1 == steps) break;
-      step(i + 1, d2, d0, d1);
-      if (i + 2 == steps) break;
-      step(i + 2, d1, d2, d0);
-      if (i + 3 == steps) break;
-    }
+    rotating_steps(steps, d0, d1, d2, step);
   }
   const int t = threadIdx.y * f.cgb + threadIdx.x;
 #pragma unroll

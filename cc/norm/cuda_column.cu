@@ -163,6 +163,22 @@ __device__ __forceinline__ void column_coefs(const Fwd<D>& f, const ColumnThread
   });
 }
 
+// The slice's partial moments: the block's row groups tree-merged, then written by row group 0
+// to the workspace at (p, slice, column); CK = s.CK(). Every thread of the block calls it (it synchronises).
+template <typename D, int VEC>
+__device__ __forceinline__ void store_block_moments(const Fwd<D>& f, const ColumnGrid& g,
+                                                    const ColumnThread& t, int64_t CK, A<D>& n,
+                                                    A<D> (&mean)[VEC], A<D> (&m2)[VEC],
+                                                    const A<D> (&shift)[VEC], A<D>* scratch) {
+  merge_row_groups<A<D>, VEC>(t, n, mean, m2, g.tx, scratch);
+  if (t.ty == 0 && t.active) {
+    const int64_t off = (t.p * g.slices + t.s) * CK + t.j;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      store_partial(f.ws0, f.ws1, off + e, shift[e], n, mean[e], m2[e], f.centered);
+  }
+}
+
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads) column_stats_kernel(Fwd<D> f, ColumnGrid g) {
   using Acc = A<D>;
@@ -178,13 +194,7 @@ __global__ void __launch_bounds__(kThreads) column_stats_kernel(Fwd<D> f, Column
         0, t.rows, [&](int64_t i) { return PackOf<D, VEC>::load(col + t.row(i) * CK); },
         [&](int64_t, const PackOf<D, VEC>& v) { welford_row<D, VEC>(v, shift, n, mean, m2); });
   }
-  merge_row_groups<Acc, VEC>(t, n, mean, m2, g.tx, scratch);
-  if (t.ty == 0 && t.active) {
-    const int64_t off = (t.p * g.slices + t.s) * CK + t.j;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e)
-      store_partial(f.ws0, f.ws1, off + e, shift[e], n, mean[e], m2[e], f.centered);
-  }
+  store_block_moments<D, VEC>(f, g, t, CK, n, mean, m2, shift, scratch);
 }
 
 template <typename D, int VEC>
@@ -322,13 +332,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     pipelined<kFusedInFlight, false>(split, t.rows,
                                      [&](int64_t i) { return Pk::load(local(i)); }, welford);
   }
-  merge_row_groups<Acc, VEC>(t, n, mean, m2, g.tx, scratch);
-  if (t.ty == 0 && t.active) {
-    const int64_t off = (t.p * g.slices + t.s) * CK + t.j;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e)
-      store_partial(f.ws0, f.ws1, off + e, shift[e], n, mean[e], m2[e], f.centered);
-  }
+  store_block_moments<D, VEC>(f, g, t, CK, n, mean, m2, shift, scratch);
   grid_sync();
 
   // Phase 2: group (p, c) merges the (slice, k) partials of its K columns.
