@@ -5,8 +5,8 @@
 # Steps:
 #   tests        the whole pytest suite (GPU tests included)
 #   gpu-tests    only tests parametrised on the GPU (-k gpu)
-#   memcheck     compute-sanitizer memcheck on the GPU tests of every kernel family
-#   racecheck    compute-sanitizer racecheck on a reduced set
+#   memcheck     compute-sanitizer memcheck over dev/sanitize.py (every CUDA kernel, small shapes)
+#   racecheck    compute-sanitizer racecheck over the same
 #   bench        every benchmarks/bench_*.py except the CPU ones
 #   examples     CNN images/s on the GPU at batch 256 (float32, bfloat16) and --compare-lax
 #   <name>=<cmd> anything else, run with bash -c and logged as <name>.log
@@ -38,16 +38,10 @@ for s in "$@"; do
   case $s in
     tests) step tests $NOPRE python3 -m pytest -q -n 4 -p no:cacheprovider ;;
     gpu-tests) step gpu-tests $NOPRE python3 -m pytest -q -n 4 -p no:cacheprovider -k gpu ;;
-    memcheck)
-      step memcheck $NOPRE compute-sanitizer --tool memcheck --error-exitcode 1 \
-        python3 -m pytest -q -p no:cacheprovider -x -k "gpu and not vmap and not grad" \
-        tests/test_activation.py tests/test_softmax.py tests/test_pool.py tests/test_norm.py
-      step memcheck-conv $NOPRE compute-sanitizer --tool memcheck --error-exitcode 1 \
-        python3 -m pytest -q -p no:cacheprovider -x -k "gpu" tests/test_conv.py ;;
-    racecheck)
-      step racecheck $NOPRE compute-sanitizer --tool racecheck --error-exitcode 1 \
-        python3 -m pytest -q -p no:cacheprovider -x -k "gpu and float32 and not grad" \
-        tests/test_softmax.py tests/test_norm.py tests/test_pool.py ;;
+    memcheck) step memcheck $NOPRE compute-sanitizer --tool memcheck --error-exitcode 1 \
+        python3 dev/sanitize.py ;;
+    racecheck) step racecheck $NOPRE compute-sanitizer --tool racecheck --error-exitcode 1 \
+        python3 dev/sanitize.py ;;
     bench)
       for b in benchmarks/bench_*.py; do
         case $b in *_cpu.py) continue ;; esac

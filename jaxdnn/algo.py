@@ -89,8 +89,10 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
       where it applies, else the general depthwise kernel (1.1-24x XLA on the 7x7 layer);
     - float32 3x3 stride-1 layers without TF32 (precision HIGHEST): winograd_nonfused, whose
       F(4x4,3x3) does 4x fewer multiplies on the SIMT units, runs 37-68 TFLOP/s against 17-31
-      for 3xTF32 on tensor cores (3 mmas per product); with TF32 allowed it still wins once
-      the layer has 256+ channels (128+ for bwd_filter), e.g. 50 vs 34 TFLOP/s;
+      for 3xTF32 on tensor cores (3 mmas per product); with TF32 allowed it still wins
+      bwd_filter once the layer has 128+ channels (the GEMM's bwd_filter reads x^T mn-major,
+      so it stays on mma.sync), but no longer fwd or bwd_data, which run TF32 on Hopper's
+      wgmma at 72-123 TFLOP/s against winograd_nonfused's 48-76;
     - 7x7 stride-1 filters (5x5 in exact float32): the FFT, whose cost does not grow with the
       filter: 118-191 TFLOP/s-equivalent against 20-185 for the GEMMs, in every dtype (it
       computes in float32, so 16-bit inputs lose nothing);
@@ -110,8 +112,8 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
         spec.lhs_dilation == (1, 1, 1)
     exact_f32 = dtype == np.float32 and not spec.tf32
     first = []
-    wide = cg >= (128 if direction == "bwd_filter" else 256)
-    if dtype == np.float32 and stride1 and (t, r, s) == (1, 3, 3) and (exact_f32 or wide):
+    wide_filter = direction == "bwd_filter" and cg >= 128
+    if dtype == np.float32 and stride1 and (t, r, s) == (1, 3, 3) and (exact_f32 or wide_filter):
         first = ["winograd_nonfused"]
     elif stride1 and t == 1 and (min(r, s) >= 7 or (exact_f32 and min(r, s) >= 5)):
         first = ["fft", "fft_tiling"]

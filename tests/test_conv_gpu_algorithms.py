@@ -255,6 +255,12 @@ def test_gemm_algorithms_report_reasons_and_workspaces():
     infos, _ = _infos((2, 8, 8, 16), (3, 3, 16, 16), kw)
     assert infos["implicit_precomp_gemm"].workspace_bytes == 2 * 8 * 8 * 9 * 4
     assert infos["implicit_gemm"].workspace_bytes == 0
+    # TF32 fwd adds the transposed filter (wgmma reads 32-bit operands k-major only).
+    tf32, _ = _infos((2, 8, 8, 16), (3, 3, 16, 16), kw, precision="default")
+    assert tf32["implicit_precomp_gemm"].workspace_bytes == 2 * 8 * 8 * 9 * 4 + 3 * 3 * 16 * 16 * 4
+    tf32_bwd, _ = _infos((2, 8, 8, 16), (3, 3, 16, 16), kw, precision="default",
+                         direction="bwd_data")
+    assert tf32_bwd["implicit_precomp_gemm"].workspace_bytes == 2 * 8 * 8 * 9 * 4
     # bwd_filter: the same table (x offsets per output pixel and tap) plus, when the reduction
     # splits, one float partial filter per split.
     bwdf, _ = _infos((2, 8, 8, 16), (3, 3, 16, 16), kw, direction="bwd_filter")

@@ -39,7 +39,8 @@ inline int elem_bytes(DType t) { return t == DType::kF64 ? 8 : (t == DType::kF32
 //   mma.sync (any sm_80+ GPU, and float32): 4 warps of 64 x 32 or 64 x 64 (32 independent mmas
 //   per k step per warp); 3 stages of 128-byte k-slices (72 / 96 KB of shared memory, two CTAs
 //   per SM).
-//   wgmma (sm_90, 16-bit inputs): 2 warpgroups of 64 x BN, persistent CTAs, a 4-slice ring.
+//   wgmma (sm_90; 16-bit inputs, and TF32 when both operands are k-major): 2 warpgroups of
+//   64 x BN, persistent CTAs, a 4-slice ring.
 template <typename T> using TileNarrow = Tile<T, 128, 64, 64, 32, 3>;
 template <typename T> using TileWide = Tile<T, 128, 128, 64, 64, 3>;
 template <typename T> using WgTileNarrow = WgTile<T, 128, 64>;
@@ -65,10 +66,22 @@ inline bool use_wgmma() {
   return major == 9 && minor == 0;
 }
 
-template <typename T, typename Fn>
-Status with_tile(int64_t N, Fn&& fn) {
-  if constexpr (sizeof(T) == 2) {
-    if (use_wgmma()) return N <= 64 ? fn(WgTileNarrow<T>{}) : fn(WgTileWide<T>{});
+// Whether a GEMM of mode kMode (not 3xTF32) runs on wgmma; `k_major` says that both of its
+// operand loaders are k-major (TF32 needs it).
+template <Mode kMode>
+bool wgmma_mode(bool k_major) {
+  return (kMode != Mode::kTf32 || k_major) && use_wgmma();
+}
+
+// Runs fn(tile config) for a GEMM of mode kMode with N columns; `k_major` as in wgmma_mode.
+template <Mode kMode, typename Fn>
+Status with_tile(int64_t N, bool k_major, Fn&& fn) {
+  using T = typename ModeTraits<kMode>::T;
+  if constexpr (kMode != Mode::k3xTf32) {
+    if (wgmma_mode<kMode>(k_major)) {
+      if (N <= 64) return fn(WgTileNarrow<T>{});
+      return fn(WgTileWide<T>{});
+    }
   }
   if (N <= 64) return fn(TileNarrow<T>{});
   return fn(TileWide<T>{});
@@ -200,6 +213,35 @@ __global__ void sum_splits_kernel(const float* __restrict__ ws, Out* __restrict_
 
 inline int64_t result_ld(const Args& a) { return a.dir == Direction::kBwdData ? a.p.C : a.p.K; }
 
+// Per-group transpose for an operand that must be k-major: group g's rows x cols block at
+// in + g * cols (row stride ld) becomes cols x rows, dense, at out + g * rows * cols. Through a
+// 32 x 33 shared tile, so that both the reads and the writes are coalesced.
+template <typename T>
+__global__ void transpose_kernel(const T* __restrict__ in, T* __restrict__ out, int rows,
+                                 int cols, int64_t ld) {
+  __shared__ T tile[32][33];
+  const T* src = in + int64_t(blockIdx.z) * cols;
+  T* dst = out + int64_t(blockIdx.z) * rows * cols;
+  const int r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * ld + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) dst[int64_t(c) * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
+template <typename T>
+Status transpose(const T* in, T* out, int rows, int cols, int64_t ld, int groups,
+                 cudaStream_t stream) {
+  const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32), unsigned(groups));
+  transpose_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(in, out, rows, cols, ld);
+  return cuda::check_launch("conv gemm transpose_kernel");
+}
+
 // Lets `kernel` take `bytes` of dynamic shared memory, carved out of L1 in full (the GEMM
 // kernels stage all their reuse in shared memory).
 template <typename Kernel>
@@ -229,7 +271,9 @@ Status launch(const Args& a, const typename AL::Params& ap, const typename BL::P
     return cuda::check_launch("conv gemm workspace memset");
   const unsigned tiles_m = unsigned((s.M + C::BM - 1) / C::BM);
   const unsigned tiles_n = unsigned((s.N + C::BN - 1) / C::BN);
-  if constexpr (C::kWgmma) {
+  if constexpr (C::kWgmma && !kWgmmaOperands<T, AL, BL>) {
+    return Status::Error("conv gemm: TF32 on wgmma needs k-major operands");  // see with_tile
+  } else if constexpr (C::kWgmma) {
     // Persistent: as many CTAs as fit (one wave), each running a strided share of the tiles.
     constexpr auto kernel = wgmma_kernel<kMode, C, AL, BL>;
     if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;

@@ -1,12 +1,15 @@
-// Hopper warpgroup-MMA form of the GEMM core (cuda_gemm_core.cuh), for 16-bit inputs.
+// Hopper warpgroup-MMA form of the GEMM core (cuda_gemm_core.cuh), for 16-bit inputs and for
+// TF32 when both operands are k-major.
 //
 // Same operand loaders, same shared tiles, same epilogue as gemm_kernel; what changes is the
 // math: instead of ldmatrix into registers and one mma.sync per 16x8x16 block, each warpgroup
-// (4 consecutive warps, 128 threads) issues wgmma.mma_async m64nBNk16 reading both operands
-// straight from shared memory through 64-bit matrix descriptors. The tensor core then works
-// on a 64 x BN x 16 block per instruction (BN = 64 or 128), asynchronously: while it runs, the
-// same threads issue the cp.async gathers of later k-slices. This removes the ldmatrix traffic
-// and the register-file round trip that left the mma.sync kernel issue-bound (NOTES.md).
+// (4 consecutive warps, 128 threads) issues wgmma.mma_async m64nBNk16 (k8 for TF32: the same
+// 32 bytes of k) reading both operands straight from shared memory through 64-bit matrix
+// descriptors. The tensor core then works on a 64 x BN x 32-byte block per instruction
+// (BN = 64 or 128), asynchronously: while it runs, the same threads issue the cp.async gathers
+// of later k-slices. This removes the ldmatrix traffic and the register-file round trip that
+// left the mma.sync kernel issue-bound (NOTES.md). TF32 operands go to the tensor core as
+// stored, without the cvt.rna rounding that the mma.sync path applies to its fragments.
 //
 // Shared layouts. The core's tiles already use the 128-byte swizzle that wgmma understands:
 //   k-major tile  rows of 128 bytes (64 elements of k), 16-byte chunk c of row r stored at
@@ -37,27 +40,33 @@
 
 namespace jaxdnn::conv::gemm {
 
-// CTA tile of the wgmma kernel: BM / 64 warpgroups, each owning 64 rows x all BN columns. A
-// ring of 4 slices: 97 KB narrow (two CTAs per SM), 129 KB wide (one). Depths of 3, 4 and 6
-// measured the same (NOTES.md).
-template <typename T, int BM_, int BN_>
+// CTA tile of the wgmma kernel: BM / 64 warpgroups, each owning 64 rows x all BN columns, and a
+// ring of kStages slices: 4 slices are 97 KB narrow (two CTAs per SM), 129 KB wide (one).
+// T is 16-bit, or float read as TF32 (k-major operands only: wgmma has no transposed form for
+// 32-bit inputs).
+template <typename T, int BM_, int BN_, int kStages_ = 4>
 struct WgTile {
   static constexpr bool kWgmma = true;
-  static constexpr int BM = BM_, BN = BN_, kStages = 4;
+  static constexpr int BM = BM_, BN = BN_, kStages = kStages_;
   static constexpr int kThreads = 128 * (BM / 64);
   static constexpr int BK = Elems<T>::kBK;
   static constexpr int kStageBytes = (BM + BN) * kSliceBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
-  static_assert(sizeof(T) == 2, "wgmma path: 16-bit inputs");
-  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128), "tile shape");
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "wgmma path: 16-bit or TF32 inputs");
+  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128) && kStages >= 3, "tile shape");
 };
+
+// Whether the wgmma kernel can take these operands: TF32 needs both k-major.
+template <typename T, typename AL, typename BL>
+constexpr bool kWgmmaOperands = sizeof(T) == 2 || (AL::kKMajor && BL::kKMajor);
 
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) |
          (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);  // 1 = 128-byte swizzle
 }
 
-// Descriptor of k step ks (16 elements) of an operand tile whose first row/block is `tile`.
+// Descriptor of k step ks (32 bytes: 16 elements of 16 bits, or 8 TF32) of an operand tile
+// whose first row/block is `tile`; mn-major tiles are 16-bit only.
 template <bool kKMajor>
 __device__ __forceinline__ uint64_t operand_desc(uint32_t tile, int ks) {
   constexpr int BK = kSliceBytes / 2;
@@ -101,18 +110,31 @@ __device__ __forceinline__ void fence_proxy_async() {
 #define JD_NEXT2_64 "66"
 #define JD_NEXT3_64 "67"
 
-template <int BN, bool kF16, bool kTA, bool kTB>
+// d += A * B for a 64 x N x 8 block of TF32 (both operands k-major).
+#define JD_WGMMA_TF32(N, NREG, REGS, ...)                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                   \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 " REGS ", %" #NREG   \
+               ", %" JD_NEXT_##NREG ", p, 1, 1;\n}\n"                                        \
+               : __VA_ARGS__                                                                 \
+               : "l"(da), "l"(db))
+
+template <int BN, Mode kMode, bool kTA, bool kTB>
 __device__ __forceinline__ void wgmma(float (&d)[BN / 2], uint64_t da, uint64_t db) {
-  if constexpr (BN == 64) {
-    if constexpr (kF16) JD_WGMMA(64, 32, "f16", JD_WG_REGS32, JD_F16(0), JD_F16(16));
+  if constexpr (kMode == Mode::kTf32) {
+    static_assert(!kTA && !kTB, "TF32 wgmma reads k-major operands only");
+    if constexpr (BN == 64) JD_WGMMA_TF32(64, 32, JD_WG_REGS32, JD_F16(0), JD_F16(16));
+    else JD_WGMMA_TF32(128, 64, JD_WG_REGS64, JD_F16(0), JD_F16(16), JD_F16(32), JD_F16(48));
+  } else if constexpr (BN == 64) {
+    if constexpr (kMode == Mode::kF16) JD_WGMMA(64, 32, "f16", JD_WG_REGS32, JD_F16(0), JD_F16(16));
     else JD_WGMMA(64, 32, "bf16", JD_WG_REGS32, JD_F16(0), JD_F16(16));
   } else {
-    if constexpr (kF16) JD_WGMMA(128, 64, "f16", JD_WG_REGS64, JD_F16(0), JD_F16(16), JD_F16(32), JD_F16(48));
+    if constexpr (kMode == Mode::kF16) JD_WGMMA(128, 64, "f16", JD_WG_REGS64, JD_F16(0), JD_F16(16), JD_F16(32), JD_F16(48));
     else JD_WGMMA(128, 64, "bf16", JD_WG_REGS64, JD_F16(0), JD_F16(16), JD_F16(32), JD_F16(48));
   }
 }
 
 #undef JD_WGMMA
+#undef JD_WGMMA_TF32
 #undef JD_F16
 #undef JD_F4
 #undef JD_WG_REGS32
@@ -280,8 +302,8 @@ wgmma_kernel(typename ALoader::Params ap, typename BLoader::Params bp, Epilogue 
       slot = slot + 1 == C::kStages ? 0 : slot + 1;
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < C::BK / 16; ++ks)
-        wgmma<C::BN, kMode == Mode::kF16, !ALoader::kKMajor, !BLoader::kKMajor>(
+      for (int ks = 0; ks < kSliceBytes / 32; ++ks)
+        wgmma<C::BN, kMode, !ALoader::kKMajor, !BLoader::kKMajor>(
             acc, operand_desc<ALoader::kKMajor>(at, ks), operand_desc<BLoader::kKMajor>(bt, ks));
       wgmma_commit();
       wgmma_wait<1>();

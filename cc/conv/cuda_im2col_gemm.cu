@@ -128,7 +128,7 @@ Status run_bwd_data(const Args& a, const Buffers& b, void* ws, cudaStream_t stre
   float* cols = static_cast<float*>(ws);
   const MatrixParams<T> dy{static_cast<const T*>(b.y), p.K, int(s.M), int(s.Kd), p.Kg()};
   const MatrixParams<T> w{static_cast<const T*>(b.w), p.K, int(pm.cols), int(s.Kd), p.Kg()};
-  Status st = with_tile<T>(s.N, [&](auto tile) -> Status {
+  Status st = with_tile<kMode>(s.N, /*k_major=*/true, [&](auto tile) -> Status {
     using C = decltype(tile);
     return launch<kMode, C, PlainK<T, C::BM, C::kThreads>, PlainK<T, C::BN, C::kThreads>>(
         q, dy, w, cols, Reduce::kNone, nullptr, stream, "conv im2col_gemm bwd_data gemm_kernel");
@@ -165,7 +165,7 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
   if (Status st = cuda::check_launch("conv im2col_gemm im2col_kernel"); !st.ok()) return st;
 
   const MatrixParams<T> pmat{patches, pm.ld, int(pm.rows), int(pm.ld), pm.rows * pm.ld};
-  return with_tile<T>(s.N, [&](auto tile) -> Status {
+  return with_tile<kMode>(s.N, /*k_major=*/false, [&](auto tile) -> Status {
     using C = decltype(tile);
     switch (a.dir) {
       case Direction::kFwd: {

@@ -94,7 +94,9 @@ Status run_mode(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStream_
   const T* x = static_cast<const T*>(b.x);
   const T* w = static_cast<const T*>(b.w);
   const T* y = static_cast<const T*>(b.y);
-  return with_tile<T>(s.N, [&](auto tile) -> Status {
+  // bwd_data's operands are both k-major, so TF32 runs it on wgmma; fwd and bwd_filter read an
+  // mn-major operand in place (this algorithm has no workspace to transpose it into).
+  return with_tile<kMode>(s.N, a.dir == Direction::kBwdData, [&](auto tile) -> Status {
     using C = decltype(tile);
     switch (a.dir) {
       case Direction::kFwd: {

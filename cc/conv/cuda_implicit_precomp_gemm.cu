@@ -9,8 +9,12 @@
 //   bwd_data         table[input pixel][tap]  = offset of the dy pixel it reads (or -1)
 // bwd_filter reduces over all output pixels into a small filter-sized result, so it always
 // runs split-K with an ordered reduction of the partial sums (deterministic) when that
-// gives more than one split.
-// Workspace = pixels * T*R*S * 4 bytes (rounded up to 256) + the split-K partials.
+// gives more than one split. With TF32, fwd reads w through its transpose (Hopper's wgmma
+// takes 32-bit operands k-major only), written into the workspace by a first kernel.
+// Workspace = pixels * T*R*S * 4 bytes (rounded up to 256) + the split-K partials + (TF32 fwd)
+// the transposed w, each rounded up to 256 bytes.
+
+#include <type_traits>
 
 #include "cc/conv/cuda_gemm_conv.cuh"
 
@@ -45,8 +49,18 @@ Support supports(const Args& a) {
   return channel_support(a);
 }
 
+// TF32 fwd reads w k-major: per group the Kg x (taps * Cg) transpose of w, in the workspace
+// after the table and the partials.
+bool kmajor_weight(const Args& a) {
+  return a.dir == Direction::kFwd && a.in == DType::kF32 && a.tf32;
+}
+
+int64_t weight_bytes(const Args& a) {
+  return kmajor_weight(a) ? align256(a.p.w_elems() * elem_bytes(a.in)) : 0;
+}
+
 int64_t workspace_bytes(const Args& a) {
-  return table_bytes(a) + reduce_workspace(a, filter_split(a));
+  return table_bytes(a) + reduce_workspace(a, filter_split(a)) + weight_bytes(a);
 }
 
 template <Mode kMode>
@@ -57,6 +71,8 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
   const Direction dir = a.dir;
   int* table = static_cast<int*>(ws);
   void* partials = static_cast<char*>(ws) + table_bytes(a);
+  T* wt = reinterpret_cast<T*>(static_cast<char*>(ws) + table_bytes(a) +
+                               reduce_workspace(a, filter_split(a)));
   constexpr int kThreads = 256;
   const unsigned blocks = cuda::grid_for(table_rows(a) * a.p.filt_spatial(), kThreads);
   if (dir == Direction::kBwdData)
@@ -70,20 +86,30 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
   const T* x = static_cast<const T*>(b.x);
   const T* w = static_cast<const T*>(b.w);
   const T* y = static_cast<const T*>(b.y);
-  return with_tile<T>(s.N, [&](auto tile) -> Status {
+  constexpr bool kTf32 = kMode == Mode::kTf32;
+  if (kTf32 && dir == Direction::kFwd) {  // w^T: group g's (Kd x Kg) block at column g * Kg
+    if (Status st = transpose(w, wt, int(s.Kd), int(s.N), a.p.K, int(a.p.G), stream); !st.ok())
+      return st;
+  }
+  // fwd (with w^T when TF32) and bwd_data read both operands k-major; bwd_filter reads x^T.
+  return with_tile<kMode>(s.N, dir != Direction::kBwdFilter, [&](auto tile) -> Status {
     using C = decltype(tile);
     using Rows = TableRows<T, C::BM, C::kThreads>;
     switch (dir) {
       case Direction::kFwd: {
-        using BL = PlainMn<T, C::BN, C::kThreads>;
         const typename Rows::Params ap{x, table, geo, int(s.M), geo.Cg};
-        const typename BL::Params bp{w, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
+        // B = w (Kd x Kg per group, mn-major), or its k-major transpose w^T for TF32.
+        using BL = std::conditional_t<kTf32, PlainK<T, C::BN, C::kThreads>,
+                                      PlainMn<T, C::BN, C::kThreads>>;
+        const MatrixParams<T> bp = kTf32
+            ? MatrixParams<T>{wt, s.Kd, int(s.N), int(s.Kd), s.N * s.Kd}
+            : MatrixParams<T>{w, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
         return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
                                           "conv implicit_precomp_gemm fwd gemm_kernel");
       }
       case Direction::kBwdData: {
-        using BL = WeightRows<T, C::BN, C::kThreads>;
         const typename Rows::Params ap{y, table, geo, int(s.M), geo.Kg};
+        using BL = WeightRows<T, C::BN, C::kThreads>;
         const typename BL::Params bp{w, geo};
         return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
                                           "conv implicit_precomp_gemm bwd_data gemm_kernel");

@@ -1,0 +1,153 @@
+"""Runs every CUDA kernel of jaxdnn once or a few times on small, awkward shapes, for
+compute-sanitizer. (memcheck over the pytest suite, which also runs XLA's own GPU kernels for
+the references, segfaulted after 24 tests on the H200; this script runs only jaxdnn's ops.)
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 dev/sanitize.py [families]
+    compute-sanitizer --tool racecheck --error-exitcode 1 python3 dev/sanitize.py conv norm
+
+families: activation softmax norm pool conv (default: all). Each op runs forward and backward
+(jax.vjp with a random cotangent) in float32 and bfloat16; conv runs every supported CUDA
+algorithm in every direction on a reduced grid. Results are only checked for finiteness: the
+point is the sanitizer's report (the test suite checks the values).
+JAXDNN_SANITIZE_PLATFORM=cpu runs the same calls on the CPU (a dry run of the script itself).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxdnn
+from jaxdnn.ops import conv as conv_ops
+
+PLATFORM = os.environ.get("JAXDNN_SANITIZE_PLATFORM", "gpu")  # "cpu": a quick local dry run
+GPU = jax.devices(PLATFORM)[0]
+RNG = np.random.default_rng(0)
+DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def rand(shape, dtype):
+    return jax.device_put(jnp.asarray(RNG.standard_normal(shape), dtype), GPU)
+
+
+def fwd_bwd(name, fn, *args):
+    """fn(*args) and its vjp with a random cotangent; counts one case."""
+    out, vjp = jax.vjp(fn, *args)
+    ct = jax.tree.map(lambda o: rand(o.shape, o.dtype), out)
+    grads = vjp(ct)
+    for leaf in jax.tree.leaves((out, grads)):
+        if not bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32)))):
+            raise AssertionError(f"{name}: non-finite result")
+    print(f"ok {name}", flush=True)
+
+
+def activation():
+    fns = {"relu": jaxdnn.relu, "relu6": jaxdnn.relu6, "leaky_relu": jaxdnn.leaky_relu,
+           "elu": jaxdnn.elu, "sigmoid": jaxdnn.sigmoid, "tanh": jaxdnn.tanh,
+           "gelu": jaxdnn.gelu, "gelu_exact": lambda x: jaxdnn.gelu(x, approximate=False),
+           "silu": jaxdnn.silu, "softplus": jaxdnn.softplus}
+    for dt in DTYPES:
+        for shape in ((7, 13), (1, 4099), (3,)):
+            x = rand(shape, dt)
+            for n, f in fns.items():
+                fwd_bwd(f"{n} {shape} {dt.__name__}", f, x)
+
+
+def softmax():
+    for dt in DTYPES:
+        for shape, axis in (((5, 37), -1), ((3, 9000), -1), ((6, 7, 5), 1), ((33, 4), 0)):
+            x = rand(shape, dt)
+            fwd_bwd(f"softmax {shape} {axis} {dt.__name__}", lambda x: jaxdnn.softmax(x, axis), x)
+            fwd_bwd(f"log_softmax {shape} {axis} {dt.__name__}",
+                    lambda x: jaxdnn.log_softmax(x, axis), x)
+
+
+def norm():
+    for dt in DTYPES:
+        for shape, axis in (((3, 5, 7, 12), -1), ((3, 12, 5, 7), 1), ((200, 20), -1)):
+            x, c = rand(shape, dt), shape[axis]
+            s, b = rand((c,), dt), rand((c,), dt)
+            m, v = rand((c,), jnp.float32), jnp.abs(rand((c,), jnp.float32)) + 0.5
+            fwd_bwd(f"batch_norm {shape} {axis} {dt.__name__}",
+                    lambda x, s, b: jaxdnn.batch_norm(x, s, b, axis=axis), x, s, b)
+            fwd_bwd(f"batch_norm_inference {shape} {axis} {dt.__name__}",
+                    lambda x, s, b: jaxdnn.batch_norm_inference(x, s, b, m, v, axis=axis),
+                    x, s, b)
+            fwd_bwd(f"group_norm {shape} {dt.__name__}",
+                    lambda x, s, b: jaxdnn.group_norm(
+                        x, s, b, groups=4, layout="NCHW" if axis == 1 else None), x, s, b)
+        for shape in ((7, 13), (3, 5000), (2, 3, 64)):
+            x = rand(shape, dt)
+            s, b = rand(shape[-1:], dt), rand(shape[-1:], dt)
+            fwd_bwd(f"layer_norm {shape} {dt.__name__}", jaxdnn.layer_norm, x, s, b)
+            fwd_bwd(f"rms_norm {shape} {dt.__name__}", jaxdnn.rms_norm, x, s)
+
+
+def pool():
+    for dt in DTYPES:
+        x = rand((2, 11, 9, 5), dt)
+        for win, st, pad in (((3, 3), (2, 2), "SAME"), ((2, 2), (2, 2), "VALID"),
+                             ((3, 2), (1, 2), ((1, 1), (0, 1)))):
+            fwd_bwd(f"max_pool {win} {st} {pad} {dt.__name__}",
+                    lambda x: jaxdnn.max_pool(x, win, st, pad), x)
+            fwd_bwd(f"avg_pool {win} {st} {pad} {dt.__name__}",
+                    lambda x: jaxdnn.avg_pool(x, win, st, pad, count_include_pad=False), x)
+        fwd_bwd(f"avg_pool 3-D {dt.__name__}",
+                lambda x: jaxdnn.avg_pool(x, (2, 2, 2), (1, 1, 1), "SAME"),
+                rand((2, 5, 6, 7, 3), dt))
+        fwd_bwd(f"global_avg_pool {dt.__name__}", jaxdnn.global_avg_pool, x)
+        fwd_bwd(f"max_pool NCHW {dt.__name__}",
+                lambda x: jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME", layout="NCHW"),
+                rand((2, 5, 11, 9), dt))
+
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+CONV_GRID = [  # (name, x shape, w shape, conv_general_dilated keywords)
+    ("3x3_same", (2, 9, 11, 16), (3, 3, 16, 24), dict(window_strides=(1, 1), padding="SAME")),
+    ("3x3_stride2", (3, 13, 10, 8), (3, 3, 8, 16),
+     dict(window_strides=(2, 2), padding=((1, 2), (0, 1)))),
+    ("1x1_wide", (2, 7, 9, 32), (1, 1, 32, 136), dict(window_strides=(1, 1), padding="VALID")),
+    ("split_k", (4, 30, 30, 64), (3, 3, 64, 64), dict(window_strides=(1, 1), padding="SAME")),
+    ("stem", (2, 17, 17, 3), (7, 7, 3, 64), dict(window_strides=(2, 2),
+                                                 padding=((3, 3), (3, 3)))),
+    ("depthwise", (2, 12, 13, 24), (3, 3, 1, 24),
+     dict(window_strides=(1, 1), padding="SAME", feature_group_count=24)),
+    ("depthwise7", (2, 12, 13, 16), (7, 7, 1, 16),
+     dict(window_strides=(1, 1), padding="SAME", feature_group_count=16)),
+]
+
+
+def conv():
+    for dt in DTYPES:
+        for precision in ("highest", "default") if dt == jnp.float32 else ("highest",):
+            for name, xs, ws, kw in CONV_GRID:
+                def f(x, w, kw=kw):
+                    y, vjp = jax.vjp(lambda x, w: jaxdnn.conv_general_dilated(
+                        x, w, precision=precision, dimension_numbers=NHWC, **kw), x, w)
+                    return vjp(y)
+                sds = [jax.ShapeDtypeStruct(s, dt) for s in (xs, ws)]
+                for p in jaxdnn.conv_problems(f, *sds):
+                    a_shape, b_shape, _ = conv_ops._shapes(p.direction, p.spec)
+                    a, b = rand(a_shape, dt), rand(b_shape, dt)
+                    for info in jaxdnn.conv_algorithms(p, "cuda" if PLATFORM == "gpu" else "cpu"):
+                        if not info.supported:
+                            continue
+                        run = conv_ops._run_algorithm(info.name, p.direction, p.spec, p.out_dtype)
+                        out = run(a, b)
+                        if not bool(jnp.all(jnp.isfinite(out.astype(jnp.float32)))):
+                            raise AssertionError(f"{info.name} {p.direction} {name}: non-finite")
+                        print(f"ok conv {name} {p.direction} {info.name} {dt.__name__} "
+                              f"{precision}", flush=True)
+
+
+FAMILIES = {"activation": activation, "softmax": softmax, "norm": norm, "pool": pool,
+            "conv": conv}
+
+if __name__ == "__main__":
+    for fam in sys.argv[1:] or list(FAMILIES):
+        FAMILIES[fam]()
+    print("all done")
