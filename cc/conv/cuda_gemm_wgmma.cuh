@@ -40,20 +40,21 @@
 
 namespace jaxdnn::conv::gemm {
 
-// CTA tile of the wgmma kernel: BM / 64 warpgroups, each owning 64 rows x all BN columns, and a
-// ring of kStages slices: 4 slices are 97 KB narrow (two CTAs per SM), 129 KB wide (one).
-// T is 16-bit, or float read as TF32 (k-major operands only: wgmma has no transposed form for
-// 32-bit inputs).
-template <typename T, int BM_, int BN_, int kStages_ = 4>
+// CTA tile of the wgmma kernel: BM / 64 warpgroups, each owning 64 rows x all BN columns. A
+// ring of 4 slices: 97 KB narrow (two CTAs per SM), 129 KB wide (one). Depths of 3, 4 and 6
+// measured the same; a 3-slice wide tile (two CTAs per SM) won on one layer and lost on
+// others (NOTES.md). T is 16-bit, or float read as TF32 (k-major operands only: wgmma has no
+// transposed form for 32-bit inputs).
+template <typename T, int BM_, int BN_>
 struct WgTile {
   static constexpr bool kWgmma = true;
-  static constexpr int BM = BM_, BN = BN_, kStages = kStages_;
+  static constexpr int BM = BM_, BN = BN_, kStages = 4;
   static constexpr int kThreads = 128 * (BM / 64);
   static constexpr int BK = Elems<T>::kBK;
   static constexpr int kStageBytes = (BM + BN) * kSliceBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "wgmma path: 16-bit or TF32 inputs");
-  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128) && kStages >= 3, "tile shape");
+  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128), "tile shape");
 };
 
 // Whether the wgmma kernel can take these operands: TF32 needs both k-major.

@@ -108,8 +108,8 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
                                           "conv implicit_precomp_gemm fwd gemm_kernel");
       }
       case Direction::kBwdData: {
-        const typename Rows::Params ap{y, table, geo, int(s.M), geo.Kg};
         using BL = WeightRows<T, C::BN, C::kThreads>;
+        const typename Rows::Params ap{y, table, geo, int(s.M), geo.Kg};
         const typename BL::Params bp{w, geo};
         return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
                                           "conv implicit_precomp_gemm bwd_data gemm_kernel");
