@@ -50,6 +50,7 @@ template <typename T>
 struct Elems {
   static constexpr int kEpc = kChunk / int(sizeof(T));
   static constexpr int kBK = kSliceBytes / int(sizeof(T));
+  static constexpr bool kTma = false;  // loaded by the copy engine (cuda_tma.cuh), wgmma only
 };
 
 // CTA tile (BM, BN) of C, warp tile (WM, WN), STAGES-deep pipeline; T the element type.

@@ -14,12 +14,14 @@
 //   PlainK        k-major   a row-major matrix                im2col_gemm A (fwd, bwd_data)
 //   PlainMn       mn-major  a row-major matrix                w (fwd B), dy (bwd_filter B),
 //                                                             im2col_gemm bwd_filter A
+//   TmaMn         mn-major  the same through TMA boxes        implicit_precomp_gemm's wgmma B
 #pragma once
 
 #include <cstdint>
 
 #include "cc/conv/conv.h"
 #include "cc/conv/cuda_gemm_core.cuh"
+#include "cc/conv/cuda_tma.cuh"
 
 namespace jaxdnn::conv::gemm {
 
@@ -386,5 +388,39 @@ struct Plain : Elems<T> {
 
 template <typename T, int BMN, int THREADS> using PlainK = Plain<T, true, BMN, THREADS>;
 template <typename T, int BMN, int THREADS> using PlainMn = Plain<T, false, BMN, THREADS>;
+
+// PlainMn through the copy engine (wgmma kernel only, 16-bit): thread 0 issues one TMA box of
+// 64 rows of k x 64 columns per 64-column block of the tile, completing on the slice's
+// barrier. The map covers the whole matrix; group g's columns start at g * group_cols, and a
+// box must not reach into the next group's columns (launchers use it when G == 1 or the
+// group's columns are a multiple of 64, where boxes past the edge are zero-filled).
+template <typename T, int BMN, int THREADS>
+struct TmaMn : Elems<T> {
+  static constexpr bool kKMajor = false;
+  static constexpr bool kTma = true;
+  using TileT = MnMajorTile<T, BMN, Elems<T>::kBK>;
+  static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
+  static_assert(sizeof(T) == 2 && BMN % 64 == 0, "TMA boxes of 64 16-bit columns");
+  struct Params {
+    CUtensorMap map;  // aligned as the driver requires
+    int group_cols;
+  };
+
+  const Params& p;
+  int c0, r0;  // the tile's first column, the current slice's first row
+
+  __device__ __forceinline__ TmaMn(const Params& params, int mn0, int g, int kt0, int)
+      : p(params), c0(g * params.group_cols + mn0), r0(kt0 * Elems<T>::kBK) {}
+
+  // Thread 0 only: announces the slice's bytes on `bar` and issues its boxes.
+  __device__ __forceinline__ void load(uint32_t tile, uint32_t bar) {
+    mbar_expect_bytes(bar, kBytes);
+#pragma unroll
+    for (int b = 0; b < BMN / 64; ++b)
+      tma_load_2d(tile + uint32_t(b * Elems<T>::kBK * kSliceBytes), &p.map, c0 + 64 * b, r0, bar);
+  }
+
+  __device__ __forceinline__ void next() { r0 += Elems<T>::kBK; }
+};
 
 }  // namespace jaxdnn::conv::gemm

@@ -29,6 +29,8 @@
 //   slices when this tile's are done) into the buffer of slice q - 2; issue slice q's wgmmas
 //   and leave them in flight (wait_group 1), so slice q - 1's finish before the next barrier
 //   releases its buffer. After a tile's last slice: drain, store, zero the accumulators.
+// A B loader with kTma (TmaMn) is issued by thread 0 alone as TMA boxes completing on the
+// slot's mbarrier, which every thread waits for next to its cp.async wait for A.
 // So a tile's start-up latency and its epilogue overlap the neighbouring tiles' loads: with
 // 9-36 slices per tile on ResNet's 3x3 layers (and 1-8 on the 1x1 ones) a CTA per tile would
 // spend much of its life filling and draining the pipeline.
@@ -37,6 +39,7 @@
 #include <new>
 
 #include "cc/conv/cuda_gemm_core.cuh"
+#include "cc/conv/cuda_tma.cuh"
 
 namespace jaxdnn::conv::gemm {
 
@@ -240,11 +243,26 @@ __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&ac
 // per group.
 template <Mode kMode, typename C, typename ALoader, typename BLoader>
 __global__ void __launch_bounds__(C::kThreads, 2)
-wgmma_kernel(typename ALoader::Params ap, typename BLoader::Params bp, Epilogue epi, int M, int N,
+wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
+             const __grid_constant__ typename BLoader::Params bp, Epilogue epi, int M, int N,
              int k_tiles, int per_split, int splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename ModeTraits<kMode>::T;
+  static_assert(!ALoader::kTma, "TMA for B only");
+  constexpr bool kTmaB = BLoader::kTma;
   extern __shared__ unsigned char smem[];
+  // B through TMA: one barrier per ring slot, completed by the slot's copy bytes; the k-th use
+  // of slot s completes phase k % 2 (bit s of `phases` is the next one to wait for).
+  __shared__ alignas(8) uint64_t bars[C::kStages];
+  auto bar = [&](int s) { return smem_addr(&bars[s]); };
+  uint32_t phases = 0;
+  if constexpr (kTmaB) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < C::kStages; ++s) mbar_init(bar(s), 1);
+      mbar_init_fence();
+    }
+    __syncthreads();
+  }
   const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
   auto a_tile = [&](int s) { return base + uint32_t(s * C::kStageBytes); };
   auto b_tile = [&](int s) { return base + uint32_t(s * C::kStageBytes + C::BM * kSliceBytes); };
@@ -273,7 +291,11 @@ wgmma_kernel(typename ALoader::Params ap, typename BLoader::Params bp, Epilogue 
     }
     if (pt < tiles) {
       a.load(a_tile(fill_slot));
-      b.load(b_tile(fill_slot));
+      if constexpr (kTmaB) {
+        if (tid == 0) b.load(b_tile(fill_slot), bar(fill_slot));
+      } else {
+        b.load(b_tile(fill_slot));
+      }
       a.next();
       b.next();
       ++pk;
@@ -296,6 +318,10 @@ wgmma_kernel(typename ALoader::Params ap, typename BLoader::Params bp, Epilogue 
     for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.f;
     for (int kt = 0; kt < j.nk; ++kt) {
       cp_async_wait<kAhead - 1>();
+      if constexpr (kTmaB) {
+        mbar_wait(bar(slot), (phases >> slot) & 1u);
+        phases ^= 1u << slot;
+      }
       fence_proxy_async();
       __syncthreads();  // slice landed for all; the slice two back retired in every warpgroup
       produce();

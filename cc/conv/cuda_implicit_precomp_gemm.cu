@@ -14,6 +14,7 @@
 // Workspace = pixels * T*R*S * 4 bytes (rounded up to 256) + the split-K partials + (TF32 fwd)
 // the transposed w, each rounded up to 256 bytes.
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "cc/conv/cuda_gemm_conv.cuh"
@@ -63,6 +64,41 @@ int64_t workspace_bytes(const Args& a) {
   return table_bytes(a) + reduce_workspace(a, filter_split(a)) + weight_bytes(a);
 }
 
+// The wgmma kernel reads its mn-major B (w in fwd, dy in bwd_filter: Kg columns per group)
+// through TMA boxes, unless JAXDNN_CONV_NO_TMA=1 (benchmarks compare the two), whenever no box
+// can reach into the next group's columns: one group, or whole tiles per group.
+bool tma_b(const Args& a) {
+  static const bool off = [] {
+    const char* e = std::getenv("JAXDNN_CONV_NO_TMA");
+    return e != nullptr && e[0] == '1';
+  }();
+  const int64_t kg = a.p.Kg();
+  return !off && (a.p.G == 1 || kg % tile_n(kg) == 0);
+}
+
+// Launches the GEMM with A loader AL and B = the row-major matrix `bm` (mn-major), through TMA
+// when the tile is a wgmma one and tma_b allows it.
+template <Mode kMode, typename C, typename AL>
+Status launch_mn_b(const Args& a, const typename AL::Params& ap,
+                   const MatrixParams<typename ModeTraits<kMode>::T>& bm, int64_t total_cols,
+                   void* result, Reduce r, void* ws, cudaStream_t stream, const char* name) {
+  using T = typename ModeTraits<kMode>::T;
+  if constexpr (C::kWgmma && sizeof(T) == 2) {
+    if (tma_b(a)) {
+      using BL = TmaMn<T, C::BN, C::kThreads>;
+      typename BL::Params bp;
+      if (Status st = encode_tma_2d(&bp.map, kMode == Mode::kF16, bm.ptr, uint64_t(bm.rows),
+                                    uint64_t(total_cols), uint64_t(bm.ld), uint32_t(C::BK));
+          !st.ok())
+        return st;
+      bp.group_cols = int(bm.group_stride);
+      return launch<kMode, C, AL, BL>(a, ap, bp, result, r, ws, stream, name);
+    }
+  }
+  return launch<kMode, C, AL, PlainMn<T, C::BN, C::kThreads>>(a, ap, bm, result, r, ws, stream,
+                                                               name);
+}
+
 template <Mode kMode>
 Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
   using T = typename ModeTraits<kMode>::T;
@@ -99,13 +135,16 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
       case Direction::kFwd: {
         const typename Rows::Params ap{x, table, geo, int(s.M), geo.Cg};
         // B = w (Kd x Kg per group, mn-major), or its k-major transpose w^T for TF32.
-        using BL = std::conditional_t<kTf32, PlainK<T, C::BN, C::kThreads>,
-                                      PlainMn<T, C::BN, C::kThreads>>;
-        const MatrixParams<T> bp = kTf32
-            ? MatrixParams<T>{wt, s.Kd, int(s.N), int(s.Kd), s.N * s.Kd}
-            : MatrixParams<T>{w, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
-        return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
-                                          "conv implicit_precomp_gemm fwd gemm_kernel");
+        if constexpr (kTf32) {
+          using BL = PlainK<T, C::BN, C::kThreads>;
+          const MatrixParams<T> bp{wt, s.Kd, int(s.N), int(s.Kd), s.N * s.Kd};
+          return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
+                                            "conv implicit_precomp_gemm fwd gemm_kernel");
+        } else {
+          const MatrixParams<T> bp{w, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
+          return launch_mn_b<kMode, C, Rows>(a, ap, bp, a.p.K, b.result, Reduce::kNone, nullptr,
+                                             stream, "conv implicit_precomp_gemm fwd gemm_kernel");
+        }
       }
       case Direction::kBwdData: {
         using BL = WeightRows<T, C::BN, C::kThreads>;
@@ -116,11 +155,11 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
       }
       case Direction::kBwdFilter: {
         using AL = TableCols<T, C::BM, C::kThreads>;
-        using BL = PlainMn<T, C::BN, C::kThreads>;
         const typename AL::Params ap{x, table, geo.taps(), int(s.M), int(s.Kd), geo.Cg};
-        const typename BL::Params bp{y, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
-        return launch<kMode, C, AL, BL>(a, ap, bp, b.result, filter_split(a), partials, stream,
-                                        "conv implicit_precomp_gemm bwd_filter gemm_kernel");
+        const MatrixParams<T> bp{y, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
+        return launch_mn_b<kMode, C, AL>(a, ap, bp, a.p.K, b.result, filter_split(a), partials,
+                                         stream,
+                                         "conv implicit_precomp_gemm bwd_filter gemm_kernel");
       }
     }
     return Status::Error("conv implicit_precomp_gemm: bad direction");

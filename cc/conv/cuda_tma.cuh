@@ -1,0 +1,97 @@
+// Hopper's tensor memory accelerator (TMA) for the GEMM operands that are plain row-major
+// matrices, and the shared-memory barriers (mbarrier) its copies complete on.
+//
+// One thread issues a cp.async.bulk.tensor copy of a whole box (here 64 rows x 128 bytes, with
+// the 128-byte swizzle that the GEMM's shared tiles already use) and the copy engine moves it
+// while the threads go on: no per-thread address arithmetic, no per-chunk cp.async. The copy
+// signals its bytes on an mbarrier; the consumers wait for the barrier's phase. Boxes reaching
+// past the matrix's edge are zero-filled by the hardware, as the cp.async loaders do.
+// The tensor map (CUtensorMap) is encoded on the host through the driver entry point the
+// runtime hands out, so nothing links against libcuda.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/common/status.h"
+
+namespace jaxdnn::conv::gemm {
+
+// A rows x cols row-major matrix of 16-bit elements (row stride `ld` elements) as a 2-D tensor
+// map read in boxes of box_rows x 64 elements with the 128-byte swizzle.
+inline Status encode_tma_2d(CUtensorMap* map, bool f16, const void* base, uint64_t rows,
+                            uint64_t cols, uint64_t ld, uint32_t box_rows) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeTiled unavailable");
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {ld * 2};
+  const cuuint32_t box[2] = {64, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(
+      map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::Error("conv gemm: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) +
+                         ")");
+  return Status::Ok();
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Makes the barriers' initialisation visible to the copy engine.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// The calling thread's arrival, announcing `bytes` that copies will complete on the barrier.
+__device__ __forceinline__ void mbar_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Waits for the barrier's phase `parity` to complete (try_wait itself suspends the thread for
+// a while between polls). Unbounded, as in CUTLASS: a bounded loop ending in __trap() made
+// ptxas inject warpgroup waits into the wgmma kernel (C7517), serialising its MMAs.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// Copies the box at (column c0, row r0) of `map` into shared memory at `dst` (1024-aligned),
+// completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int r0,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(r0), "r"(bar)
+      : "memory");
+}
+
+}  // namespace jaxdnn::conv::gemm
