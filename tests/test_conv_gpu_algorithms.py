@@ -261,6 +261,12 @@ def test_gemm_algorithms_report_reasons_and_workspaces():
     tf32_bwd, _ = _infos((2, 8, 8, 16), (3, 3, 16, 16), kw, precision="default",
                          direction="bwd_data")
     assert tf32_bwd["implicit_precomp_gemm"].workspace_bytes == 2 * 8 * 8 * 9 * 4
+    # Strided bwd_data runs as residue classes: the sub-filters (w's size), the class results
+    # (dx's size) and the largest class's table (class (1, 1): 2x2 taps over 2*4*4 pixels).
+    s2, _ = _infos((2, 8, 8, 16), (3, 3, 16, 16), dict(window_strides=(2, 2), padding="SAME"),
+                   jnp.bfloat16, direction="bwd_data")
+    assert s2["implicit_precomp_gemm"].workspace_bytes == 3 * 3 * 16 * 16 * 2 + 2 * 8 * 8 * 16 * 2 \
+        + 2 * 4 * 4 * 4 * 4
     # bwd_filter: the same table (x offsets per output pixel and tap) plus, when the reduction
     # splits, one float partial filter per split.
     bwdf, _ = _infos((2, 8, 8, 16), (3, 3, 16, 16), kw, direction="bwd_filter")

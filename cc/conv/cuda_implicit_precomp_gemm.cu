@@ -13,11 +13,18 @@
 // takes 32-bit operands k-major only), written into the workspace by a first kernel.
 // Workspace = pixels * T*R*S * 4 bytes (rounded up to 256) + the split-K partials + (TF32 fwd)
 // the transposed w, each rounded up to 256 bytes.
+// Strided bwd_data (no lhs dilation) runs as residue classes (strided_classes.h): per class
+// this algorithm's stride-1 forward on dy and the class's sub-filter, into a dense buffer,
+// then one scatter into dx; on a 3x3 stride-2 layer that is 9/4 instead of 9 taps of GEMM
+// work per input position. Workspace: the sub-filters (w's size), the class results (dx's
+// size) and the largest class's own workspace.
 
+#include <algorithm>
 #include <cstdlib>
 #include <type_traits>
 
 #include "cc/conv/cuda_gemm_conv.cuh"
+#include "cc/conv/strided_classes.h"
 
 namespace jaxdnn::conv {
 namespace {
@@ -60,7 +67,40 @@ int64_t weight_bytes(const Args& a) {
   return kmajor_weight(a) ? align256(a.p.w_elems() * elem_bytes(a.in)) : 0;
 }
 
+bool by_classes(const Args& a) {
+  return a.dir == Direction::kBwdData && strided_classes_apply(a.p);
+}
+
+// The forward problem of one residue class (strided_classes.h).
+Args class_args(const Args& a, const StridedClass& c) {
+  Args q = a;
+  q.dir = Direction::kFwd;
+  q.p = c.sub;
+  return q;
+}
+
+int64_t workspace_bytes(const Args& a);
+
+// [sub-filters][class results][the largest class's workspace].
+struct ClassWorkspace {
+  int64_t filters, results, sub;
+};
+
+ClassWorkspace class_workspace(const Args& a) {
+  int64_t sub = 0;
+  for (int64_t ci = 0; ci < strided_class_count(a.p); ++ci) {
+    const StridedClass c = strided_class(a.p, ci);
+    if (!c.empty()) sub = std::max(sub, workspace_bytes(class_args(a, c)));
+  }
+  return {align256(a.p.w_elems() * elem_bytes(a.in)),
+          align256(a.p.x_elems() * elem_bytes(a.out)), sub};
+}
+
 int64_t workspace_bytes(const Args& a) {
+  if (by_classes(a)) {
+    const ClassWorkspace w = class_workspace(a);
+    return w.filters + w.results + w.sub;
+  }
   return table_bytes(a) + reduce_workspace(a, filter_split(a)) + weight_bytes(a);
 }
 
@@ -166,7 +206,75 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
   });
 }
 
+Status run(const Args& a, const Buffers& b, void* ws, cudaStream_t stream);
+
+// E: an unsigned type of the element's width (the two kernels below only move elements).
+template <typename E>
+__global__ void sub_filter_kernel(const E* __restrict__ w, E* __restrict__ sub, Problem p,
+                                  ClassTaps taps, int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x)
+    sub[e] = w[sub_filter_source(p, taps.axis, e)];
+}
+
+template <typename E>
+__global__ void scatter_classes_kernel(const E* __restrict__ results, E* __restrict__ dx,
+                                       Problem p, ClassMap map) {
+  const int64_t total = p.x_elems();
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const ClassElement ce = class_element(p, map.sizes, e);
+    const int64_t base = map.base[ce.ci];
+    dx[e] = base < 0 ? E(0) : results[base + ce.offset];
+  }
+}
+
+// W, E: unsigned types of the input's and of the result's width.
+template <typename W, typename E>
+Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
+  const Problem& p = a.p;
+  const ClassWorkspace cw = class_workspace(a);
+  char* filters = static_cast<char*>(ws);
+  char* results = filters + cw.filters;
+  void* sub_ws = results + cw.results;
+  const int64_t eb = elem_bytes(a.in), ob = elem_bytes(a.out);
+  constexpr int kThreads = 256;
+  ClassMap map;
+  int64_t w_at = 0, y_at = 0;  // elements of the sub-filters and results so far
+  for (int64_t ci = 0; ci < strided_class_count(p); ++ci) {
+    const StridedClass c = strided_class(p, ci);
+    for (int ax = 0; ax < 3; ++ax) map.sizes[ci][ax] = c.axis[ax].size;
+    map.base[ci] = -1;
+    if (c.empty()) continue;
+    const Args q = class_args(a, c);
+    void* sub_w = filters + w_at * eb;
+    ClassTaps taps;
+    for (int ax = 0; ax < 3; ++ax) taps.axis[ax] = c.axis[ax];
+    sub_filter_kernel<W><<<cuda::grid_for(q.p.w_elems(), kThreads), kThreads, 0, stream>>>(
+        static_cast<const W*>(b.w), static_cast<W*>(sub_w), p, taps, q.p.w_elems());
+    if (Status st = cuda::check_launch("conv implicit_precomp_gemm sub_filter_kernel"); !st.ok())
+      return st;
+    Buffers bq;
+    bq.x = b.y;
+    bq.w = sub_w;
+    bq.result = results + y_at * ob;
+    if (Status st = run(q, bq, sub_ws, stream); !st.ok()) return st;
+    map.base[ci] = y_at;
+    w_at += q.p.w_elems();
+    y_at += q.p.y_elems();
+  }
+  scatter_classes_kernel<E><<<cuda::grid_for(p.x_elems(), kThreads), kThreads, 0, stream>>>(
+      reinterpret_cast<const E*>(results), static_cast<E*>(b.result), p, map);
+  return cuda::check_launch("conv implicit_precomp_gemm scatter_classes_kernel");
+}
+
 Status run(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
+  if (by_classes(a)) {  // 16-bit or float32 inputs (supports), a result of either width
+    const bool in16 = elem_bytes(a.in) == 2, out16 = elem_bytes(a.out) == 2;
+    if (in16) return out16 ? run_classes_typed<uint16_t, uint16_t>(a, b, ws, stream)
+                           : run_classes_typed<uint16_t, uint32_t>(a, b, ws, stream);
+    return run_classes_typed<uint32_t, uint32_t>(a, b, ws, stream);
+  }
   return with_mode(a, [&](auto mode) { return run_mode<decltype(mode)::kMode>(a, b, ws, stream); });
 }
 
