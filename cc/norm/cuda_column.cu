@@ -20,7 +20,7 @@
 //          Traffic: read x, dy (and write dx in inference).
 //   dx     training: dx = scale*rstd*dy + (x - mean)*c1 + c2, on apply's grid.
 //          Traffic: read x, dy, write dx.
-//   fused  the single-pass training forward (cuda_kernels.cuh): one 256-thread block per row
+//   fused  the single-pass training forward (cuda_kernels.cuh): one kFusedThreads block per row
 //          slice of each (p, tile), as many slices as blocks fit; the slice's last rows are
 //          stashed in shared memory. Per block: phase 1 as stats, phase 3 as apply over the
 //          stash and then the streamed rows in reverse.

@@ -235,11 +235,13 @@ struct Bwd {
 
 // ---- Single-pass training forward (see the top of this file) --------------------------------
 
-// One block per SM (its shared memory is nearly all stash), 8 warps with 16 loads of 16 bytes
-// each in flight: 64 KB per SM, ~8 MB over the GPU, enough to cover HBM latency at 4 TB/s.
-// Few threads leave each up to 255 registers for the 16 loads plus per-column state.
-constexpr int kFusedThreads = 256;
-constexpr int kFusedInFlight = 16;
+// One block per SM (its shared memory is nearly all stash), 16 warps with 8 loads of 16 bytes
+// each in flight: 64 KB per SM. 256 threads with 16 loads each (the same bytes in flight) kept
+// DRAM only 35-60% busy on the H200 (NOTES.md: warps, not unrolled loads, hide latency); 512
+// threads fit 128 registers each without spilling (106-128 used), 1024 would spill (64).
+// WIP: not yet measured.
+constexpr int kFusedThreads = 512;
+constexpr int kFusedInFlight = 8;
 
 __device__ __forceinline__ void grid_sync() { cooperative_groups::this_grid().sync(); }
 
