@@ -15,8 +15,6 @@
 // 37 instruction slots (4 warp instructions per clock and SM at 1.98 GHz), enough for every
 // op's formula (activation_math.h); silu and tanh-gelu come closest, ~22 and ~24.
 
-#include <algorithm>
-
 #include "cc/activation/activation_math.h"
 #include "cc/activation/cuda_activation.h"
 #include "cc/common/cuda_pack.h"
@@ -104,8 +102,7 @@ Status launch(const Problem& p, const void* a, const void* b, void* out, cudaStr
       auto run = [&](auto vec) {
         constexpr auto kernel = activation_kernel<kOp, kBackward, T, decltype(vec)::value>;
         const int64_t packs = p.n / cuda::Pack<T, decltype(vec)::value>::kN;
-        kernel<<<unsigned(std::max<int64_t>(1, (packs + kThreads - 1) / kThreads)), kThreads, 0,
-                 stream>>>(at, bt, ot, p.n, alpha);
+        kernel<<<cuda::grid_for(packs, kThreads), kThreads, 0, stream>>>(at, bt, ot, p.n, alpha);
       };
       if (vector) run(std::true_type{});
       else run(std::false_type{});

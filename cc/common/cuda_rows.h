@@ -93,12 +93,6 @@ __device__ __forceinline__ void for_each_row(int64_t first, int64_t stride, int6
   }
 }
 
-// Blocks of a flat row grid: one per `rows_per_block` rows, within the launch limit.
-inline unsigned row_grid(int64_t rows, int rows_per_block) {
-  const int64_t b = (rows + rows_per_block - 1) / rows_per_block;
-  return unsigned(b < 1 ? 1 : (b > 0x7fffffff ? 0x7fffffff : b));
-}
-
 namespace detail {
 template <int G, int K, int kMaxK, int kMaxG, typename Fn>
 bool with_row_shape(int64_t packs, Fn& fn) {

@@ -101,6 +101,13 @@ __device__ __forceinline__ void to_float(const Raw<T>& r, float (&v)[kCh]) {
   }
 }
 
+// N consecutive columns' channels (a source span or a row of dy) to float.
+template <typename T, int N>
+__device__ __forceinline__ void to_floats(const Raw<T> (&r)[N], float (&v)[N][kCh]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) to_float<T>(r[i], v[i]);
+}
+
 template <typename T>
 struct alignas(sizeof(T) * kCh) Chunk {
   T v[kCh];
@@ -178,8 +185,7 @@ depthwise3_conv_kernel(const In* __restrict__ src, const In* __restrict__ w, Out
     Raw<In> nxt[kSpan];
     load_row(i + 1, nxt);
     float x[kSpan][kCh];
-#pragma unroll
-    for (int s = 0; s < kSpan; ++s) to_float<In>(cur[s], x[s]);
+    to_floats<In>(cur, x);
 #pragma unroll
     for (int u = 0; u < kW; ++u)
 #pragma unroll
@@ -253,29 +259,24 @@ depthwise3_filter_kernel(const In* __restrict__ x, const In* __restrict__ dy,
       load_dy(i + 2, ok, d);
     };
     using Dy = float[kW][kCh];
-    auto to_dy = [](const Raw<In> (&r)[kW], Dy& d) {
-#pragma unroll
-      for (int u = 0; u < kW; ++u) to_float<In>(r[u], d[u]);
-    };
     Raw<In> cur[kSpan], cur_d[kW];
     load_step(0, cur, cur_d);
     Dy d0, d1, d2;  // dy rows of steps 0, 1, 2 (mod 3)
     {
       Raw<In> r[kW];
       load_dy(1, true, r);  // filter row 1 of step 0
-      to_dy(r, d1);
+      to_floats<In>(r, d1);
       load_dy(0, true, r);  // filter row 2 of step 0
-      to_dy(r, d2);
+      to_floats<In>(r, d2);
     }
     // Step i: `fresh` = dy row h + ph (filter row 0), `mid` = h + ph - 1, `old` = h + ph - 2;
     // the next step's rows are already loading.
     auto step = [&](int i, Dy& fresh, const Dy& mid, const Dy& old) {
       Raw<In> nxt[kSpan], nxt_d[kW];
       load_step(i + 1, nxt, nxt_d);
-      to_dy(cur_d, fresh);
+      to_floats<In>(cur_d, fresh);
       float xv[kSpan][kCh];
-#pragma unroll
-      for (int s = 0; s < kSpan; ++s) to_float<In>(cur[s], xv[s]);
+      to_floats<In>(cur, xv);
 #pragma unroll
       for (int u = 0; u < kW; ++u)
 #pragma unroll

@@ -309,16 +309,11 @@ Status fused_capacity(FusedCapacity* cap) {
   const char* what = "norm fused forward: device query";
   if (Status st = cuda::check(arch.error, what); !st.ok() || arch.stash == 0 || arch.per_sm == 0)
     return st;
-  int dev = 0, sms = 0;
-  Status st = cuda::check(cudaGetDevice(&dev), what);
-  if (st.ok())
-    st = cuda::check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), what);
-  if (st.ok())
-    st = cuda::check(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(arch.stash)),
-                     what);
+  Status st = cuda::check(
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(arch.stash)),
+      what);
   if (!st.ok()) return st;
-  cap->blocks = int64_t(arch.per_sm) * sms;
+  cap->blocks = int64_t(arch.per_sm) * cuda::sm_count();  // 0 SMs: no fused launch
   cap->stash_bytes = arch.stash;
   return st;
 }

@@ -322,7 +322,7 @@ Status row_forward(const Fwd<D>& f, cudaStream_t st) {
   auto run = [&](auto group, auto packs, auto vector) {
     constexpr int G = decltype(group)::value, threads = cuda::row_block_threads<G>();
     constexpr auto kernel = row_fwd_kernel<D, G, decltype(packs)::value, decltype(vector)::value>;
-    kernel<<<cuda::row_grid(rows, cuda::rows_per_block<G>()), threads, 0, st>>>(f);
+    kernel<<<cuda::grid_for(rows, cuda::rows_per_block<G>()), threads, 0, st>>>(f);
   };
   // Packs of a row: 16-byte vectors when aligned, else single values.
   const auto shape = [&](int64_t packs, auto vector) {

@@ -124,7 +124,7 @@ bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
     constexpr int G = decltype(group)::value, threads = cuda::row_block_threads<G>();
     constexpr auto kernel =
         softmax_rows_kernel<kKind, T, G, decltype(k)::value, decltype(vector)::value>;
-    kernel<<<cuda::row_grid(p.rows, cuda::rows_per_block<G>()), threads, 0, stream>>>(
+    kernel<<<cuda::grid_for(p.rows, cuda::rows_per_block<G>()), threads, 0, stream>>>(
         a, b, out, p.rows, p.cols);
   };
   using std::integral_constant;
