@@ -102,7 +102,7 @@ int main() {
     for (double& v : w) v = normal(rng);
     const std::vector<double> want = naive_bwd_data(p, dy, w);
 
-    // The class path: results per class, then the scatter of class_element.
+    // The class path: results per class, then the scatter of class_pixel.
     const int64_t nc = strided_class_count(p);
     std::vector<std::vector<double>> results(static_cast<size_t>(nc));
     int64_t sizes[kMaxStridedClasses][3] = {};
@@ -125,9 +125,9 @@ int main() {
     }
     double err = 0, ref = 0;
     for (int64_t e = 0; e < p.x_elems(); ++e) {
-      const ClassElement ce = class_element(p, sizes, e);
-      const std::vector<double>& r = results[size_t(ce.ci)];
-      const double got = r.empty() ? 0.0 : r[size_t(ce.offset)];
+      const ClassPixel cp = class_pixel(p, sizes, e / p.C);
+      const std::vector<double>& r = results[size_t(cp.ci)];
+      const double got = r.empty() ? 0.0 : r[size_t(cp.index * p.C + e % p.C)];
       err = std::max(err, std::fabs(got - want[size_t(e)]));
       ref = std::max(ref, std::fabs(want[size_t(e)]));
     }

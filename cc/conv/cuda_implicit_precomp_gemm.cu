@@ -68,7 +68,8 @@ int64_t weight_bytes(const Args& a) {
 }
 
 bool by_classes(const Args& a) {
-  return a.dir == Direction::kBwdData && strided_classes_apply(a.p);
+  return a.dir == Direction::kBwdData && strided_classes_apply(a.p) &&
+         a.p.w_elems() < (int64_t(1) << 30);
 }
 
 // The forward problem of one residue class (strided_classes.h).
@@ -209,24 +210,46 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
 Status run(const Args& a, const Buffers& b, void* ws, cudaStream_t stream);
 
 // E: an unsigned type of the element's width (the two kernels below only move elements).
+// The sub-filter has at most w's elements, so 32-bit indices (by_classes: w below 2^30).
 template <typename E>
 __global__ void sub_filter_kernel(const E* __restrict__ w, E* __restrict__ sub, Problem p,
-                                  ClassTaps taps, int64_t total) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x)
-    sub[e] = w[sub_filter_source(p, taps.axis, e)];
+                                  ClassTaps taps, int32_t total) {
+  for (int32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x)
+    sub[e] = w[sub_filter_source<int32_t>(p, taps.axis, e)];
 }
 
-template <typename E>
+// dx from the class results, one Vec of a pixel's channels per thread (16 bytes: this
+// algorithm takes channel counts that are multiples of 8; I: the index type, see class_pixel).
+template <typename E, typename Vec, typename I>
 __global__ void scatter_classes_kernel(const E* __restrict__ results, E* __restrict__ dx,
                                        Problem p, ClassMap map) {
-  const int64_t total = p.x_elems();
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const ClassElement ce = class_element(p, map.sizes, e);
-    const int64_t base = map.base[ce.ci];
-    dx[e] = base < 0 ? E(0) : results[base + ce.offset];
+  constexpr int V = sizeof(Vec) / sizeof(E);
+  const I per_pixel = I(p.C / V), total = I(p.x_elems() / V);
+  for (I e = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); e < total;
+       e += I(gridDim.x) * I(blockDim.x)) {
+    const I pix = e / per_pixel;
+    const ClassPixel cp = class_pixel<I>(p, map.sizes, pix);
+    const int64_t base = map.base[cp.ci];  // elements; a multiple of V (C is)
+    Vec v{};
+    if (base >= 0)
+      v = reinterpret_cast<const Vec*>(results + base)[cp.index * per_pixel + (e - pix * per_pixel)];
+    reinterpret_cast<Vec*>(dx)[e] = v;
   }
+}
+
+template <typename E, typename Vec>
+Status scatter_classes(const void* results, void* dx, const Problem& p, const ClassMap& map,
+                       cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const int64_t total = p.x_elems() / (sizeof(Vec) / sizeof(E));
+  const unsigned grid = cuda::grid_for(total, kThreads);
+  const auto* r = static_cast<const E*>(results);
+  auto* out = static_cast<E*>(dx);
+  if (total + int64_t(grid) * kThreads < (int64_t(1) << 31))
+    scatter_classes_kernel<E, Vec, int32_t><<<grid, kThreads, 0, stream>>>(r, out, p, map);
+  else
+    scatter_classes_kernel<E, Vec, int64_t><<<grid, kThreads, 0, stream>>>(r, out, p, map);
+  return cuda::check_launch("conv implicit_precomp_gemm scatter_classes_kernel");
 }
 
 // W, E: unsigned types of the input's and of the result's width.
@@ -251,7 +274,7 @@ Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t
     ClassTaps taps;
     for (int ax = 0; ax < 3; ++ax) taps.axis[ax] = c.axis[ax];
     sub_filter_kernel<W><<<cuda::grid_for(q.p.w_elems(), kThreads), kThreads, 0, stream>>>(
-        static_cast<const W*>(b.w), static_cast<W*>(sub_w), p, taps, q.p.w_elems());
+        static_cast<const W*>(b.w), static_cast<W*>(sub_w), p, taps, int32_t(q.p.w_elems()));
     if (Status st = cuda::check_launch("conv implicit_precomp_gemm sub_filter_kernel"); !st.ok())
       return st;
     Buffers bq;
@@ -263,9 +286,7 @@ Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t
     w_at += q.p.w_elems();
     y_at += q.p.y_elems();
   }
-  scatter_classes_kernel<E><<<cuda::grid_for(p.x_elems(), kThreads), kThreads, 0, stream>>>(
-      reinterpret_cast<const E*>(results), static_cast<E*>(b.result), p, map);
-  return cuda::check_launch("conv implicit_precomp_gemm scatter_classes_kernel");
+  return scatter_classes<E, uint4>(results, b.result, p, map, stream);
 }
 
 Status run(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {

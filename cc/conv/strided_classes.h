@@ -116,32 +116,36 @@ struct ClassMap {
 };
 
 // Element e of class c's sub-filter (layout (n0, n1, n2, Kg, C) = w' above): its offset in w.
-JAXDNN_HD int64_t sub_filter_source(const Problem& p, const AxisClass (&ax)[3], int64_t e) {
-  const int64_t C = p.C, Cg = p.Cg(), Kg = p.Kg(), K = p.K;
-  const int64_t gc = e % C, k = e / C % Kg, j = e / (C * Kg);
-  const int64_t g = gc / Cg, c = gc % Cg;
-  const int64_t j2 = j % ax[2].taps, j1 = j / ax[2].taps % ax[1].taps, j0 = j / (ax[2].taps * ax[1].taps);
-  const int64_t f0 = ax[0].first - j0 * ax[0].step, f1 = ax[1].first - j1 * ax[1].step,
-                f2 = ax[2].first - j2 * ax[2].step;
-  return (((f0 * p.filt[1] + f1) * p.filt[2] + f2) * Cg + c) * K + g * Kg + k;
+// I: the index type, as in class_pixel.
+template <typename I = int64_t>
+JAXDNN_HD I sub_filter_source(const Problem& p, const AxisClass (&ax)[3], I e) {
+  const I C = I(p.C), Cg = I(p.Cg()), Kg = I(p.Kg()), K = I(p.K);
+  const I t1 = I(ax[1].taps), t2 = I(ax[2].taps);
+  const I gc = e % C, k = e / C % Kg, j = e / C / Kg;
+  const I g = gc / Cg, c = gc % Cg;
+  const I j2 = j % t2, j1 = j / t2 % t1, j0 = j / t2 / t1;
+  const I f0 = I(ax[0].first) - j0 * I(ax[0].step), f1 = I(ax[1].first) - j1 * I(ax[1].step),
+          f2 = I(ax[2].first) - j2 * I(ax[2].step);
+  return (((f0 * I(p.filt[1]) + f1) * I(p.filt[2]) + f2) * Cg + c) * K + g * Kg + k;
 }
 
-// Where dx element e (layout (N, D, H, W, C)) comes from: the class and the element's offset
-// in that class's dense result (N, I0, I1, I2, C).
-struct ClassElement {
-  int64_t ci, offset;
+// Where dx pixel `pix` (of N*D*H*W, row-major) comes from: the class and the pixel's index in
+// that class's dense result (N, I0, I1, I2); the element's offset there is that index times C
+// plus its channel. I: the index type (int32_t on the GPU when the sizes allow it: integer
+// division is the scatter's cost).
+struct ClassPixel {
+  int64_t ci, index;
 };
 
-JAXDNN_HD ClassElement class_element(const Problem& p, const int64_t (&sizes)[kMaxStridedClasses][3],
-                                     int64_t e) {
-  const int64_t C = p.C, c = e % C, pix = e / C;
-  const int64_t w = pix % p.in[2], h = pix / p.in[2] % p.in[1],
-                d = pix / (p.in[2] * p.in[1]) % p.in[0], n = pix / (p.in[2] * p.in[1] * p.in[0]);
-  const int64_t ci = ((d % p.stride[0]) * p.stride[1] + h % p.stride[1]) * p.stride[2] +
-                     w % p.stride[2];
-  const int64_t* I = sizes[ci];
-  const int64_t qd = d / p.stride[0], qh = h / p.stride[1], qw = w / p.stride[2];
-  return {ci, (((n * I[0] + qd) * I[1] + qh) * I[2] + qw) * C + c};
+template <typename I = int64_t>
+JAXDNN_HD ClassPixel class_pixel(const Problem& p, const int64_t (&sizes)[kMaxStridedClasses][3],
+                                 I pix) {
+  const I W = I(p.in[2]), H = I(p.in[1]), D = I(p.in[0]);
+  const I s0 = I(p.stride[0]), s1 = I(p.stride[1]), s2 = I(p.stride[2]);
+  const I w = pix % W, h = pix / W % H, dn = pix / W / H, d = dn % D, n = dn / D;
+  const I ci = ((d % s0) * s1 + h % s1) * s2 + w % s2;
+  const I I0 = I(sizes[ci][0]), I1 = I(sizes[ci][1]), I2 = I(sizes[ci][2]);
+  return {ci, ((n * I0 + d / s0) * I1 + h / s1) * I2 + w / s2};
 }
 
 }  // namespace jaxdnn::conv

@@ -239,7 +239,8 @@ struct Bwd {
 // each in flight: 64 KB per SM. 256 threads with 16 loads each (the same bytes in flight) kept
 // DRAM only 35-60% busy on the H200 (NOTES.md: warps, not unrolled loads, hide latency); 512
 // threads fit 128 registers each without spilling (106-128 used), 1024 would spill (64).
-// WIP: not yet measured.
+// Measured against 256/16 in one H200 run (NOTES.md): 1.03-1.34x on the batch_norm and
+// group_norm training forwards.
 constexpr int kFusedThreads = 512;
 constexpr int kFusedInFlight = 8;
 
