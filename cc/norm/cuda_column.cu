@@ -10,7 +10,7 @@
 //          tree-merged with Chan's update; the slice's (mean, M2) go to the double workspace
 //          (rows_per_slice(s) rows per slice, norm.h). Traffic: read x.
 //   apply  y = (x - mean)*(rstd*scale) + bias with per-column coefficients in registers. A
-//          flat grid of kApplyRows-row slices (float32, C = 64: 16 x 16 threads, 4 rows each),
+//          flat grid of apply_rows-row slices (float32, C = 64: 16 x 16 threads, 4 rows each),
 //          each block loading its coefficients once. A single wave of long-lived blocks
 //          (~800 bytes per thread) measured 3-12% slower on the H200 (batch_norm_inference
 //          NHWC float32: 2.90 -> 3.24 TB/s with the flat grid). Reverse block order, so that
@@ -25,6 +25,8 @@
 //          stashed in shared memory. Per block: phase 1 as stats, phase 3 as apply over the
 //          stash and then the streamed rows in reverse.
 //          Traffic: read x, write y, re-read the rows that were neither stashed nor L2-resident.
+
+#include <type_traits>
 
 #include "cc/norm/cuda_kernels.cuh"
 
@@ -380,18 +382,26 @@ ColumnGrid partial_grid(const Shape& s, int vec) {
   return column_grid(s, vec, kThreads, rows_per_slice(s));
 }
 
-// Rows per block of the elementwise passes (apply, dx).
-constexpr int64_t kApplyRows = 64;
+// Rows per block of the elementwise passes (apply, dx), by element size E: 64 rows of float32
+// (C = 64: 16 x 16 threads, 4 rows of 16 bytes each, 16 KB per block). 16-bit types take 128,
+// so that a thread still has 4 loads in flight and a block moves the same bytes: with 64 rows,
+// bfloat16 batch_norm_inference ran at 1.7 TB/s against float32's 2.9 (NOTES.md).
+template <typename E>
+constexpr int64_t apply_rows() {
+  return sizeof(E) == 2 ? 128 : 64;
+}
 
 // Launches `vector` (kernel<D, 16-byte VEC>) when every row of the buffers starts 16-byte
 // aligned, else `scalar` (kernel<D, 1>), over the partial grid or (kApply) slices of
-// kApplyRows rows.
+// apply_rows rows.
 template <bool kApply, typename View, typename Kernel>
 Status launch_columns(const View& v, bool aligned, Kernel scalar, Kernel vector, int vec_n,
                       const char* name, cudaStream_t st) {
   const bool vec = aligned && v.s.CK() % vec_n == 0;
   const int n = vec ? vec_n : 1;
-  const ColumnGrid g = kApply ? column_grid(v.s, n, kThreads, kApplyRows) : partial_grid(v.s, n);
+  using E = std::remove_cv_t<std::remove_pointer_t<decltype(v.x)>>;
+  const ColumnGrid g =
+      kApply ? column_grid(v.s, n, kThreads, apply_rows<E>()) : partial_grid(v.s, n);
   (vec ? vector : scalar)<<<unsigned(g.blocks), kThreads, 0, st>>>(v, g);
   return cuda::check_launch(name);
 }
