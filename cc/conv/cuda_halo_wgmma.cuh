@@ -1,5 +1,8 @@
-// Halo GEMM: implicit_gemm's Hopper path for 2-D stride-1 forward convolutions (16-bit, one
-// group, channel counts multiples of 64, filters of up to 3 rows and 9 columns, 3+ taps).
+// Halo GEMM: implicit_gemm's Hopper path for 2-D stride-1 convolutions, forward and bwd_data
+// (16-bit, one group, channel counts multiples of 64, filters of up to 3 rows and 9 columns,
+// 3+ taps). bwd_data of a stride-1 layer is the forward of dy with the filter flipped and its
+// channels swapped: the same kernel, with "x" = dy and the padding R - 1 - pad_lo, reading w
+// k-major (below).
 //
 // The general kernels gather A from x once per filter tap (9 times per pixel on a 3x3 layer),
 // through per-thread cp.asyncs and table or index arithmetic; ncu put the 3x3 layers at 43%
@@ -15,8 +18,11 @@
 // halo pixel (r, s). The 128-byte swizzle is applied by TMA when it writes and by wgmma when
 // it reads, both to absolute shared-memory address bits (cuda_gemm_wgmma.cuh), so a view that
 // starts s rows into a 1024-byte block reads what the box wrote there.
-//   B     w as the (R*S*C) x K row-major matrix: per (chunk, tap) slice, the 64 x BN block at
-//         row (tap*C + chunk*64) as 64x64 TMA boxes (TmaMn's layout, mn-major).
+//   B     w as the (R*S*C) x K row-major matrix (HWIO). fwd: per (chunk, tap) slice the
+//         64 x BN block at row tap*C + chunk*64, column k0, as 64x64 TMA boxes (TmaMn's
+//         layout, mn-major). bwd_data: the reduction runs over K (w's columns) and the output
+//         over C (its rows), so w is already k-major: one BN x 64 box at row
+//         (taps - 1 - tap)*C + c0 (the flipped tap), column chunk*64.
 // Work per slice and warpgroup: 64 rows (8 output rows x 8 columns) x BN x 64 channels, four
 // wgmma k16 steps. Bytes per slice (BN = 128): 16 KB of w + a ninth of a 36 KB halo on a 3x3
 // layer, against 16 KB of gathered A + 16 KB of w in implicit_precomp_gemm, and no address
@@ -53,11 +59,13 @@ struct HaloTile : HaloShape {
   static_assert(sizeof(T) == 2 && (BN == 64 || BN == 128), "16-bit inputs, 64 or 128 columns");
 };
 
+// The forward view: "x" is the tensor read through halos (x, or dy for bwd_data), "y" the
+// result (y, or dx), (P, Q, K) its sizes; w_rows = C of w's HWIO shape (rows per tap).
 struct HaloParams {
-  CUtensorMap x;  // {C, W, H, N}, boxes {64, 16, 16 + R - 1, 1}
-  CUtensorMap w;  // {K, R*S*C}, boxes {64, 64}
+  CUtensorMap x;  // {channels, W, H, N}, boxes {64, 16, 16 + R - 1, 1}
+  CUtensorMap w;  // {K, R*S*C}: boxes {64, 64} (fwd) or {64, BN} (bwd_data)
   void* y;        // (N, P, Q, K)
-  int P, Q, K, C, S, pad_h, pad_w;
+  int P, Q, K, w_rows, S, pad_h, pad_w;
   int taps, chunks;                         // R*S, C / 64
   int tiles_h, tiles_w, tiles_k, tiles;     // tiles = N * tiles_h * tiles_w * tiles_k
   uint32_t halo_bytes;                      // the box's bytes: (16 + R - 1) * 16 * 128
@@ -97,7 +105,7 @@ struct HaloRows {
   }
 };
 
-template <Mode kMode, int BN>
+template <Mode kMode, int BN, bool kBwdData>
 __global__ void __launch_bounds__(256, 2) halo_kernel(const __grid_constant__ HaloParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename ModeTraits<kMode>::T;
@@ -134,10 +142,14 @@ __global__ void __launch_bounds__(256, 2) halo_kernel(const __grid_constant__ Ha
     }
     const uint32_t bb = bar(fill_slot);
     mbar_expect_bytes(bb, C::kBBytes);
+    if constexpr (kBwdData) {
+      tma_load_2d(b_tile(fill_slot), &p.w, chunk * 64, (p.taps - 1 - tap) * p.w_rows + j.k0, bb);
+    } else {
 #pragma unroll
-    for (int b = 0; b < BN / 64; ++b)
-      tma_load_2d(b_tile(fill_slot) + uint32_t(b * 64 * kSliceBytes), &p.w, j.k0 + 64 * b,
-                  tap * p.C + chunk * 64, bb);
+      for (int b = 0; b < BN / 64; ++b)
+        tma_load_2d(b_tile(fill_slot) + uint32_t(b * 64 * kSliceBytes), &p.w, j.k0 + 64 * b,
+                    tap * p.w_rows + chunk * 64, bb);
+    }
     fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
     ++pq;
   };
@@ -177,11 +189,11 @@ __global__ void __launch_bounds__(256, 2) halo_kernel(const __grid_constant__ Ha
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kSliceBytes / 32; ++ks)
-        wgmma<BN, kMode, false, true>(
+        wgmma<BN, kMode, false, !kBwdData>(
             acc,
             smem_desc(at + ks * 32, 16, C::kPitch * kSliceBytes) |
                 (p.base_offset ? uint64_t(((at + ks * 32) >> 7) & 7) << 49 : 0),
-            operand_desc<false>(bt, ks));
+            operand_desc<kBwdData>(bt, ks));
       wgmma_commit();
       wgmma_wait<1>();
     }
