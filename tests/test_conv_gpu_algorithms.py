@@ -46,6 +46,12 @@ GRID = [
                                                                  padding="SAME")),
     ("wide_reduction", (8, 16, 16, 64), (3, 3, 64, 128), dict(window_strides=(1, 1),
                                                               padding="SAME")),
+    # implicit_gemm's halo path (16-bit): two channel chunks, three 64-column tiles, asymmetric
+    # padding, partial tiles in both directions; and a 2x5 filter with 128-column tiles.
+    ("halo_3x3_asym", (3, 28, 21, 128), (3, 3, 128, 192),
+     dict(window_strides=(1, 1), padding=((2, 0), (0, 2)))),
+    ("halo_2x5", (2, 30, 15, 64), (2, 5, 64, 128),
+     dict(window_strides=(1, 1), padding=((1, 0), (2, 2)))),
     ("stem_3_channels", (2, 17, 17, 3), (7, 7, 3, 64), dict(window_strides=(2, 2),
                                                             padding=((3, 3), (3, 3)))),
     ("groups_6_channels", (2, 9, 8, 12), (3, 3, 6, 16), dict(window_strides=(1, 1),

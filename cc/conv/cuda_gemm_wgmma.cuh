@@ -176,10 +176,11 @@ __device__ __forceinline__ TileJob tile_job(int t, int tiles_m, int tiles_n, int
 // (row-major, 16-byte chunks XOR-swizzled by row: conflict-free) and leave as 16-byte stores
 // that cover whole rows, so the 1x1 layers, whose time is mostly the output, write at full
 // sectors. Partial sums (split-K) and float32 results stage as float; atomics go direct.
-template <typename O, int BN>
+// Row r (< 64) of this warpgroup's block goes to rows.at(r) if rows.ok(r) (DenseRows, or the
+// halo path's pixel rows).
+template <typename O, int BN, typename Rows>
 __device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], unsigned char* stg, int wq,
-                                           int lane, int t, int wg, int rows, O* out,
-                                           int64_t ld, int cols) {
+                                           int lane, int t, int wg, const Rows& rows, int cols) {
   constexpr int kRowBytes = BN * int(sizeof(O)), kCpr = kRowBytes / kChunk;
   constexpr int kEpc = kChunk / int(sizeof(O));
   auto at = [&](int r, int col) {  // byte offset of element col of row r
@@ -195,19 +196,32 @@ __device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], unsigned 
       if constexpr (sizeof(O) == 4) {
         *reinterpret_cast<float2*>(stg + at(r, col)) = make_float2(v0, v1);
       } else {
-        O* o = reinterpret_cast<O*>(stg + at(r, col));
-        o[0] = cuda::from_acc<O>(v0);
-        o[1] = cuda::from_acc<O>(v1);
+        // The pair as one 4-byte store: as two 2-byte stores, ptxas serialised every wgmma of
+        // the halo kernel (C7514, "non wgmma instructions reading accumulator registers").
+        const O pair[2] = {cuda::from_acc<O>(v0), cuda::from_acc<O>(v1)};
+        uint32_t packed;
+        memcpy(&packed, pair, sizeof(packed));
+        *reinterpret_cast<uint32_t*>(stg + at(r, col)) = packed;
       }
     }
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // this warpgroup's rows staged
   for (int e = t; e < 64 * kCpr; e += 128) {
     const int r = e / kCpr, ch = e % kCpr;
-    if (r < rows && ch * kEpc < cols)
-      *reinterpret_cast<uint4*>(out + r * ld + ch * kEpc) =
+    if (rows.ok(r) && ch * kEpc < cols)
+      *reinterpret_cast<uint4*>(rows.at(r) + ch * kEpc) =
           *reinterpret_cast<const uint4*>(stg + r * kRowBytes + ((ch ^ (r & 7)) * kChunk));
   }
 }
+
+// Rows r < n of a dense block at `out`, `ld` elements apart.
+template <typename O>
+struct DenseRows {
+  O* out;
+  int64_t ld;
+  int n;
+  __device__ __forceinline__ bool ok(int r) const { return r < n; }
+  __device__ __forceinline__ O* at(int r) const { return out + r * ld; }
+};
 
 template <typename T, int BN>
 __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&acc)[BN / 2],
@@ -227,15 +241,16 @@ __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&ac
   } else if (epi.store == Store::kPartial) {
     float* ws = static_cast<float*>(epi.out) +
                 ((int64_t(j.split) * epi.groups + j.g) * M + m0) * N + j.n0;
-    stage_rows<float, BN>(acc, stg, wq, lane, t, wg, rows, ws, N, cols);
+    stage_rows<float, BN>(acc, stg, wq, lane, t, wg, DenseRows<float>{ws, N, rows}, cols);
   } else {
     const int64_t at = int64_t(m0) * epi.ldo + int64_t(j.g) * N + j.n0;
     if (epi.out_f32)
-      stage_rows<float, BN>(acc, stg, wq, lane, t, wg, rows, static_cast<float*>(epi.out) + at,
-                            epi.ldo, cols);
+      stage_rows<float, BN>(acc, stg, wq, lane, t, wg,
+                            DenseRows<float>{static_cast<float*>(epi.out) + at, epi.ldo, rows},
+                            cols);
     else
-      stage_rows<T, BN>(acc, stg, wq, lane, t, wg, rows, static_cast<T*>(epi.out) + at, epi.ldo,
-                        cols);
+      stage_rows<T, BN>(acc, stg, wq, lane, t, wg,
+                        DenseRows<T>{static_cast<T*>(epi.out) + at, epi.ldo, rows}, cols);
   }
 }
 

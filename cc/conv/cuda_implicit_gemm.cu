@@ -15,8 +15,17 @@
 // multiple of 8, in the workspace; bwd_filter then crops its padded dw. For the stem (64 x
 // 224 x 224 x 3) that is 51 MB of padded x and 2.7x the multiply-adds (147 -> 392 per output),
 // against im2col_gemm's 244 MB patch matrix or the direct kernel.
+//
+// Halo path. On Hopper, 16-bit 2-D stride-1 forward and bwd_data convolutions with channel
+// counts that are multiples of 64 (ResNet's 3x3 layers) run cuda_halo_wgmma.cuh instead: each
+// input chunk is brought into shared memory once per output tile by TMA and every tap reads
+// it there, instead of one gather per tap. JAXDNN_CONV_NO_HALO=1 turns it off (benchmarks
+// compare).
+
+#include <cstdlib>
 
 #include "cc/conv/cuda_gemm_conv.cuh"
+#include "cc/conv/cuda_halo_wgmma.cuh"
 
 namespace jaxdnn::conv {
 namespace {
@@ -86,8 +95,116 @@ Status resize_mid(const void* src, void* dst, int bytes, int64_t outer, int64_t 
   return cuda::check_launch("conv implicit_gemm resize_mid_kernel");
 }
 
+// The halo kernel's forward view of a call (cuda_halo_wgmma.cuh): the tensor read through
+// halos (x, or dy for bwd_data) as (N, H, W, channels), the result's spatial sizes and
+// channels, and the padding in front (bwd_data: R - 1 - pad_lo, the flipped filter's).
+struct HaloView {
+  int64_t in_h, in_w, in_c, out_h, out_w, out_c, pad_h, pad_w;
+};
+
+HaloView halo_view(const Args& a) {
+  const Problem& p = a.p;
+  if (a.dir == Direction::kBwdData)
+    return {p.out[1], p.out[2], p.K, p.in[1], p.in[2], p.C, p.filt[1] - 1 - p.pad_lo[1],
+            p.filt[2] - 1 - p.pad_lo[2]};
+  return {p.in[1], p.in[2], p.C, p.out[1], p.out[2], p.K, p.pad_lo[1], p.pad_lo[2]};
+}
+
+// Whether the halo path takes the call (see the top and cuda_halo_wgmma.cuh).
+bool halo_applies(const Args& a, Reduce r) {
+  static const bool off = [] {
+    const char* e = std::getenv("JAXDNN_CONV_NO_HALO");
+    return e != nullptr && e[0] == '1';
+  }();
+  const Problem& p = a.p;
+  if (off || r != Reduce::kNone || a.dir == Direction::kBwdFilter || a.in == DType::kF32 ||
+      a.out != a.in || p.G != 1 || !use_wgmma())
+    return false;
+  if (p.in[0] != 1 || p.filt[0] != 1) return false;  // 2-D (or 1-D along W)
+  for (int ax = 0; ax < 3; ++ax)
+    if (p.stride[ax] != 1 || p.lhs_dil[ax] != 1 || p.rhs_dil[ax] != 1) return false;
+  const HaloView v = halo_view(a);
+  const int64_t R = p.filt[1], S = p.filt[2];
+  // Tiles of 16 x 8 output pixels: at least 70% of their rows must fall inside the image
+  // (56x56: 88%, 28x28 and 14x14: 77%; 7x7: 38%, left to the general kernels).
+  const int64_t covered =
+      (v.out_h + HaloShape::kTileH - 1) / HaloShape::kTileH * HaloShape::kTileH *
+      ((v.out_w + HaloShape::kTileW - 1) / HaloShape::kTileW * HaloShape::kTileW);
+  return v.in_c % 64 == 0 && v.out_c % 64 == 0 && R <= HaloShape::kMaxR &&
+         S <= HaloShape::kMaxS && R * S >= 3 && 10 * v.out_h * v.out_w >= 7 * covered &&
+         p.x_elems() < (int64_t(1) << 31) && p.y_elems() < (int64_t(1) << 31);
+}
+
+template <Mode kMode, int BN, bool kBwdData>
+Status launch_halo(const HaloParams& hp, int64_t tiles, cudaStream_t stream) {
+  using C = HaloTile<typename ModeTraits<kMode>::T, BN>;
+  constexpr auto kernel = halo_kernel<kMode, BN, kBwdData>;
+  constexpr const char* name = "conv implicit_gemm halo_kernel";
+  if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;
+  kernel<<<cuda::resident_grid<kernel, C::kThreads>(tiles, C::kSmemBytes), C::kThreads,
+           C::kSmemBytes, stream>>>(hp);
+  return cuda::check_launch(name);
+}
+
+template <Mode kMode, int BN>
+Status run_halo_tile(const Args& a, const Buffers& b, cudaStream_t stream) {
+  using C = HaloTile<typename ModeTraits<kMode>::T, BN>;
+  const Problem& p = a.p;
+  const bool f16 = kMode == Mode::kF16, bwd = a.dir == Direction::kBwdData;
+  const HaloView v = halo_view(a);
+  HaloParams hp{};
+  const cuuint64_t xdims[4] = {cuuint64_t(v.in_c), cuuint64_t(v.in_w), cuuint64_t(v.in_h),
+                               cuuint64_t(p.N)};
+  const cuuint64_t xstrides[3] = {cuuint64_t(v.in_c) * 2, cuuint64_t(v.in_w * v.in_c) * 2,
+                                  cuuint64_t(v.in_h * v.in_w * v.in_c) * 2};
+  const cuuint32_t xbox[4] = {64, uint32_t(C::kPitch), uint32_t(C::kTileH + p.filt[1] - 1), 1};
+  if (Status st = encode_tma(&hp.x, f16, bwd ? b.y : b.x, 4, xdims, xstrides, xbox); !st.ok())
+    return st;
+  // w as the (R*S*C) x K matrix; bwd_data reads BN of its rows (output channels) by 64
+  // columns (the reduction), k-major.
+  if (Status st = encode_tma_2d(&hp.w, f16, b.w, uint64_t(p.filt_spatial() * p.C), uint64_t(p.K),
+                                uint64_t(p.K), bwd ? BN : 64);
+      !st.ok())
+    return st;
+  hp.y = b.result;
+  hp.P = int(v.out_h);
+  hp.Q = int(v.out_w);
+  hp.K = int(v.out_c);
+  hp.w_rows = int(p.C);
+  hp.S = int(p.filt[2]);
+  hp.pad_h = int(v.pad_h);
+  hp.pad_w = int(v.pad_w);
+  hp.taps = int(p.filt[1] * p.filt[2]);
+  hp.chunks = int(v.in_c / 64);
+  hp.tiles_h = int((v.out_h + C::kTileH - 1) / C::kTileH);
+  hp.tiles_w = int((v.out_w + C::kTileW - 1) / C::kTileW);
+  hp.tiles_k = int(v.out_c / BN);
+  const int64_t tiles = p.N * hp.tiles_h * hp.tiles_w * hp.tiles_k;
+  hp.tiles = int(tiles);
+  hp.halo_bytes = uint32_t(xbox[1] * xbox[2] * kSliceBytes);
+  static const bool base_offset = [] {
+    const char* e = std::getenv("JAXDNN_HALO_BASE_OFFSET");
+    return e != nullptr && e[0] == '1';
+  }();
+  hp.base_offset = base_offset;
+  if (tiles == 0) return Status::Ok();
+  return bwd ? launch_halo<kMode, BN, true>(hp, tiles, stream)
+             : launch_halo<kMode, BN, false>(hp, tiles, stream);
+}
+
+template <Mode kMode>
+Status run_halo(const Args& a, const Buffers& b, cudaStream_t stream) {
+  if constexpr (kMode == Mode::kBf16 || kMode == Mode::kF16) {
+    return halo_view(a).out_c % 128 == 0 ? run_halo_tile<kMode, 128>(a, b, stream)
+                                          : run_halo_tile<kMode, 64>(a, b, stream);
+  } else {
+    return Status::Error("conv implicit_gemm: the halo path takes 16-bit inputs");
+  }
+}
+
 template <Mode kMode>
 Status run_mode(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStream_t stream) {
+  if (halo_applies(a, r)) return run_halo<kMode>(a, b, stream);
   using T = typename ModeTraits<kMode>::T;
   const Geo geo = make_geo(a.p);
   const Shape s = shape_of(a);

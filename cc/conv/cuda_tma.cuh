@@ -1,5 +1,6 @@
 // Hopper's tensor memory accelerator (TMA) for the GEMM operands that are plain row-major
-// matrices, and the shared-memory barriers (mbarrier) its copies complete on.
+// matrices or boxes of an NHWC tensor (the halo path, cuda_halo_wgmma.cuh), and the
+// shared-memory barriers (mbarrier) its copies complete on.
 //
 // One thread issues a cp.async.bulk.tensor copy of a whole box (here 64 rows x 128 bytes, with
 // the 128-byte swizzle that the GEMM's shared tiles already use) and the copy engine moves it
@@ -20,10 +21,12 @@
 
 namespace jaxdnn::conv::gemm {
 
-// A rows x cols row-major matrix of 16-bit elements (row stride `ld` elements) as a 2-D tensor
-// map read in boxes of box_rows x 64 elements with the 128-byte swizzle.
-inline Status encode_tma_2d(CUtensorMap* map, bool f16, const void* base, uint64_t rows,
-                            uint64_t cols, uint64_t ld, uint32_t box_rows) {
+// A tensor of 16-bit elements as a tensor map of `rank` dimensions (innermost first; dims[0]
+// contiguous, strides[i] = bytes between consecutive indices of dimension i + 1), read in
+// boxes of box[0..rank) elements with the 128-byte swizzle (box[0] = 64: one 128-byte row).
+inline Status encode_tma(CUtensorMap* map, bool f16, const void* base, int rank,
+                         const cuuint64_t* dims, const cuuint64_t* strides,
+                         const cuuint32_t* box) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -34,19 +37,25 @@ inline Status encode_tma_2d(CUtensorMap* map, bool f16, const void* base, uint64
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeTiled unavailable");
-  const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {ld * 2};
-  const cuuint32_t box[2] = {64, box_rows};
-  const cuuint32_t elem_strides[2] = {1, 1};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = encode(
-      map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, elem_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return Status::Error("conv gemm: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) +
                          ")");
   return Status::Ok();
+}
+
+// A rows x cols row-major matrix (row stride `ld` elements) in boxes of box_rows x 64.
+inline Status encode_tma_2d(CUtensorMap* map, bool f16, const void* base, uint64_t rows,
+                            uint64_t cols, uint64_t ld, uint32_t box_rows) {
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {ld * 2};
+  const cuuint32_t box[2] = {64, box_rows};
+  return encode_tma(map, f16, base, 2, dims, strides, box);
 }
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -91,6 +100,17 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
       "{%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(r0), "r"(bar)
+      : "memory");
+}
+
+// The 4-D box at (c0, c1, c2, c3) of `map` (coordinates may lie outside the tensor: those
+// elements are zero-filled), as tma_load_2d.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, int c3, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
 
