@@ -62,10 +62,9 @@ __global__ void im2col_kernel(Geo geo, const T* __restrict__ src, T* __restrict_
 
 // dx[m, g*Cg + c] = sum over taps of cols[pixel of dy that input pixel m reaches through the
 // tap][g*ld + tap*Cg + c] (col2im, accumulated in float). One thread per run of up to kRun
-// channels of one group of one input pixel: the pixel is decoded once, each axis's dy
-// coordinate once per tap of that axis, in 32-bit arithmetic. (Decoding the pixel with 64-bit
-// divisions for every tap and channel, as gathered_pixel does, had made this kernel most of
-// the 3-channel stem's 4.2 ms bwd_data.)
+// channels of one group of one input pixel, walking its taps with for_each_tap (one thread
+// per element with gathered_pixel per tap had made this kernel most of the 3-channel stem's
+// 4.2 ms bwd_data).
 constexpr int kRun = 8;
 
 template <typename Out>
@@ -79,30 +78,15 @@ __global__ void col2im_kernel(Geo geo, const float* __restrict__ cols, Out* __re
     const int64_t m = e / (groups * runs);
     const int gr = int(e - m * (groups * runs)), g = gr / runs, c0 = gr % runs * kRun;
     const int n_c = min(kRun, geo.Cg - c0);
-    const int w = int(m % geo.in[2]), h = int(m / geo.in[2] % geo.in[1]);
-    const int64_t nd = m / (int64_t(geo.in[2]) * geo.in[1]);
-    const int d = int(nd % geo.in[0]);
-    const int64_t n = nd / geo.in[0];
     const float* base = cols + int64_t(g) * pm.ld + c0;
     float acc[kRun] = {};
-    for (int t = 0; t < geo.filt[0]; ++t) {
-      const int a0 = bwd_coord(geo, 0, d, t);
-      if (a0 < 0) continue;
-      for (int r = 0; r < geo.filt[1]; ++r) {
-        const int a1 = bwd_coord(geo, 1, h, r);
-        if (a1 < 0) continue;
-        const int64_t pix01 = (n * geo.out[0] + a0) * geo.out[1] + a1;
-        for (int s = 0; s < geo.filt[2]; ++s) {
-          const int a2 = bwd_coord(geo, 2, w, s);
-          if (a2 < 0) continue;
-          const int tap = (t * geo.filt[1] + r) * geo.filt[2] + s;
-          const float* src = base + (pix01 * geo.out[2] + a2) * row + int64_t(tap) * geo.Cg;
+    for_each_tap<Direction::kBwdData>(geo, m, [&](int tap, int64_t pix) {
+      if (pix < 0) return;
+      const float* src = base + pix * row + int64_t(tap) * geo.Cg;
 #pragma unroll
-          for (int i = 0; i < kRun; ++i)
-            if (i < n_c) acc[i] += src[i];
-        }
-      }
-    }
+      for (int i = 0; i < kRun; ++i)
+        if (i < n_c) acc[i] += src[i];
+    });
     Out* out = dx + m * geo.C + int64_t(g) * geo.Cg + c0;
 #pragma unroll
     for (int i = 0; i < kRun; ++i)

@@ -31,14 +31,17 @@ namespace {
 
 using namespace gemm;
 
+// table[m][tap] = element offset of the pixel that row m gathers through the tap (-1 on
+// padding); one thread per row (for_each_tap).
 template <Direction kDir>
 __global__ void offsets_kernel(Geo geo, int* __restrict__ table, int64_t pixels, int channels) {
   const int taps = geo.taps();
-  const int64_t total = pixels * taps;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t pix = gathered_pixel<kDir>(geo, e / taps, int(e % taps));
-    table[e] = pix < 0 ? -1 : int(pix * channels);
+  for (int64_t m = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; m < pixels;
+       m += int64_t(gridDim.x) * blockDim.x) {
+    int* row = table + m * taps;
+    for_each_tap<kDir>(geo, m, [&](int tap, int64_t pix) {
+      row[tap] = pix < 0 ? -1 : int(pix * channels);
+    });
   }
 }
 
@@ -151,7 +154,7 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
   T* wt = reinterpret_cast<T*>(static_cast<char*>(ws) + table_bytes(a) +
                                reduce_workspace(a, filter_split(a)));
   constexpr int kThreads = 256;
-  const unsigned blocks = cuda::grid_for(table_rows(a) * a.p.filt_spatial(), kThreads);
+  const unsigned blocks = cuda::grid_for(table_rows(a), kThreads);
   if (dir == Direction::kBwdData)
     offsets_kernel<Direction::kBwdData><<<blocks, kThreads, 0, stream>>>(geo, table, table_rows(a),
                                                                          geo.K);
