@@ -171,6 +171,28 @@ __device__ __forceinline__ TileJob tile_job(int t, int tiles_m, int tiles_n, int
   return j;
 }
 
+// Issues one k-slice of wgmmas (kSliceBytes of k: four 32-byte steps) with descriptors
+// a_desc(ks), b_desc(ks), and leaves it in flight behind the previous slice's (wait_group 1):
+// the barrier before the next slice's loads then finds the slice two back retired.
+template <int BN, Mode kMode, bool kTA, bool kTB, typename ADesc, typename BDesc>
+__device__ __forceinline__ void mma_slice(float (&acc)[BN / 2], ADesc a_desc, BDesc b_desc) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kSliceBytes / 32; ++ks)
+    wgmma<BN, kMode, kTA, kTB>(acc, a_desc(ks), b_desc(ks));
+  wgmma_commit();
+  wgmma_wait<1>();
+}
+
+// After a tile, with `next` the ring slot of the next slice: the slot where warpgroup wg
+// stages its results, one of the tile's last two slices' (idle until the loads issued after
+// the next barrier).
+template <int kStages>
+__device__ __forceinline__ int staging_slot(int next, int wg) {
+  const int last = next == 0 ? kStages - 1 : next - 1;
+  return wg == 0 ? last : (last == 0 ? kStages - 1 : last - 1);
+}
+
 // Epilogue of one warpgroup's 64 x BN accumulators. Stored straight from the fragments, a
 // warp's store would touch 8 rows x 16 bytes; instead the fragments go through shared memory
 // (row-major, 16-byte chunks XOR-swizzled by row: conflict-free) and leave as 16-byte stores
@@ -342,22 +364,14 @@ wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
       produce();
       const uint32_t at = a_tile(slot) + a_wg, bt = b_tile(slot);
       slot = slot + 1 == C::kStages ? 0 : slot + 1;
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kSliceBytes / 32; ++ks)
-        wgmma<C::BN, kMode, !ALoader::kKMajor, !BLoader::kKMajor>(
-            acc, operand_desc<ALoader::kKMajor>(at, ks), operand_desc<BLoader::kKMajor>(bt, ks));
-      wgmma_commit();
-      wgmma_wait<1>();
+      mma_slice<C::BN, kMode, !ALoader::kKMajor, !BLoader::kKMajor>(
+          acc, [&](int ks) { return operand_desc<ALoader::kKMajor>(at, ks); },
+          [&](int ks) { return operand_desc<BLoader::kKMajor>(bt, ks); });
     }
     wgmma_wait<0>();
-
-    // The two ring buffers of this tile's last two slices are idle until the next slices'
-    // loads are issued (after the next barrier): they stage the warpgroups' results.
     __syncthreads();  // every warpgroup's last wgmmas retired
-    const int last = slot == 0 ? C::kStages - 1 : slot - 1;
-    const int stage_slot = wg == 0 ? last : (last == 0 ? C::kStages - 1 : last - 1);
-    unsigned char* stg = smem + (a_tile(stage_slot) - smem_addr(smem));
+    const int stage = staging_slot<C::kStages>(slot, wg);
+    unsigned char* stg = smem + (a_tile(stage) - smem_addr(smem));
     store_tile<T, C::BN>(epi, acc, stg, M, N, j, wg * 64, wq, lane, tid & 127, wg);
   }
   cp_async_wait<0>();

@@ -186,22 +186,18 @@ __global__ void __launch_bounds__(256, 2) halo_kernel(const __grid_constant__ Ha
       const uint32_t at = a_base + uint32_t((r * C::kPitch + s) * kSliceBytes);
       const uint32_t bt = b_tile(slot);
       slot = slot + 1 == C::kStages ? 0 : slot + 1;
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kSliceBytes / 32; ++ks)
-        wgmma<BN, kMode, false, !kBwdData>(
-            acc,
-            smem_desc(at + ks * 32, 16, C::kPitch * kSliceBytes) |
-                (p.base_offset ? uint64_t(((at + ks * 32) >> 7) & 7) << 49 : 0),
-            operand_desc<kBwdData>(bt, ks));
-      wgmma_commit();
-      wgmma_wait<1>();
+      mma_slice<BN, kMode, false, !kBwdData>(
+          acc,
+          [&](int ks) {
+            return smem_desc(at + ks * 32, 16, C::kPitch * kSliceBytes) |
+                   (p.base_offset ? uint64_t(((at + ks * 32) >> 7) & 7) << 49 : 0);
+          },
+          [&](int ks) { return operand_desc<kBwdData>(bt, ks); });
     }
     wgmma_wait<0>();
     __syncthreads();  // every warpgroup's last wgmmas retired
-    const int last = slot == 0 ? C::kStages - 1 : slot - 1;
-    const int stage_slot = wg == 0 ? last : (last == 0 ? C::kStages - 1 : last - 1);
-    unsigned char* stg = smem + (b_tile(stage_slot) - smem_addr(smem));
+    unsigned char* stg =
+        smem + (b_tile(staging_slot<C::kStages>(slot, wg)) - smem_addr(smem));
     const int h = j.h0 + wg * 8;
     const HaloRows<T> rows{static_cast<T*>(p.y) + j.k0,
                            (int64_t(j.n) * p.P + h) * p.Q + j.w0,
