@@ -10,6 +10,9 @@
 #   bench        every benchmarks/bench_*.py except the CPU ones
 #   examples     CNN images/s on the GPU at batch 256 (float32, bfloat16) and --compare-lax
 #   <name>=<cmd> anything else, run with bash -c and logged as <name>.log
+# Every step is killed, with its whole process group, after STEP_TIMEOUT seconds (default 300):
+# a kernel that hangs (an mbarrier waiting for bytes that never come) ends its step, not the
+# device call.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/logs"
@@ -22,7 +25,7 @@ step() {  # step NAME COMMAND...: run, log, remember the last line
   local name=$1; shift
   local t0=$SECONDS
   echo "=== $name ($(date +%T))"
-  "$@" > "$OUT/logs/$name.log" 2>&1
+  timeout -k 10 "${STEP_TIMEOUT:-300}" "$@" > "$OUT/logs/$name.log" 2>&1
   local rc=$?
   local last
   last=$(grep -v '^\s*$' "$OUT/logs/$name.log" | tail -1 | cut -c1-150)
