@@ -17,7 +17,8 @@
 // are one halo row (16 pixels, 2048 bytes) apart: a k-major operand with SBO 2048 starting at
 // halo pixel (r, s). The 128-byte swizzle is applied by TMA when it writes and by wgmma when
 // it reads, both to absolute shared-memory address bits (cuda_gemm_wgmma.cuh), so a view that
-// starts s rows into a 1024-byte block reads what the box wrote there.
+// starts s rows into a 1024-byte block reads what the box wrote there; the descriptor's base
+// offset field says where in the block it starts (PTX ISA, matrix descriptor format).
 //   B     w as the (R*S*C) x K row-major matrix (HWIO). fwd: per (chunk, tap) slice the
 //         64 x BN block at row tap*C + chunk*64, column k0, as 64x64 TMA boxes (TmaMn's
 //         layout, mn-major). bwd_data: the reduction runs over K (w's columns) and the output
@@ -69,8 +70,10 @@ struct HaloParams {
   int taps, chunks;                         // R*S, C / 64
   int tiles_h, tiles_w, tiles_k, tiles;     // tiles = N * tiles_h * tiles_w * tiles_k
   uint32_t halo_bytes;                      // the box's bytes: (16 + R - 1) * 16 * 128
-  // WIP (to settle on the first GPU run, then remove): also set the descriptor's matrix base
-  // offset, (start >> 7) & 7, in case wgmma's swizzle phase is relative to the start address.
+  // The A descriptors carry the matrix base offset, (start >> 7) & 7, as the PTX ISA asks of a
+  // start address inside a 1024-byte swizzle block (0 for the k steps of the other kernels).
+  // WIP (to settle on the first GPU run, then remove): 0 leaves it out, in case the hardware
+  // swizzles absolute address bits regardless, as TMA does.
   int base_offset;
 };
 

@@ -188,7 +188,7 @@ Status run_halo_tile(const Args& a, const Buffers& b, cudaStream_t stream) {
   hp.halo_bytes = uint32_t(xbox[1] * xbox[2] * kSliceBytes);
   static const bool base_offset = [] {
     const char* e = std::getenv("JAXDNN_HALO_BASE_OFFSET");
-    return e != nullptr && e[0] == '1';
+    return e == nullptr || e[0] != '0';
   }();
   hp.base_offset = base_offset;
   if (tiles == 0) return Status::Ok();
