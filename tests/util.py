@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import pathlib
+import shutil
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -96,3 +99,18 @@ def channels_last(nd: int) -> tuple[str, str, str]:
     """conv dimension_numbers for channels-last data and a W..IO filter of `nd` spatial dims."""
     return {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"),
             3: ("NDHWC", "DHWIO", "NDHWC")}[nd]
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
+
+
+def run_host_check(source: str, tmp_path) -> str:
+    """Builds the host program dev/<source> (a check of device-code logic that runs on the
+    CPU), runs it, asserts that it succeeded and returns what it printed."""
+    exe = tmp_path / pathlib.Path(source).stem
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ROOT}", str(ROOT / "dev" / source), "-o",
+                    str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
