@@ -1,7 +1,7 @@
 // Host check of cc/conv/strided_classes.h: on random problems, strided bwd_data computed as
 // residue classes (sub-problems, sub-filters and the dx scatter exactly as the CUDA path uses
 // them, each class run through a naive stride-1 forward convolution) against a naive
-// bwd_data. Build and run:
+// bwd_data (the adjoint of the naive forward). Build and run:
 //   g++ -std=c++17 -O2 -I. dev/check_strided_classes.cc -o /tmp/csc && /tmp/csc
 #include <cmath>
 #include <cstdio>
@@ -12,61 +12,50 @@
 
 using namespace jaxdnn::conv;
 
-// dx of p (N, D, H, W, C) from dy (N, Z, P, Q, K) and w (T, R, S, Cg, K), by out_idx.
-std::vector<double> naive_bwd_data(const Problem& p, const std::vector<double>& dy,
-                                   const std::vector<double>& w) {
-  std::vector<double> dx(size_t(p.x_elems()), 0.0);
+// Calls fn(y offset, x offset, w offset) for every multiply-add of the convolution p: output
+// pixel, tap (through in_idx, skipping padding), group, input and output channel.
+template <typename Fn>
+void for_each_mac(const Problem& p, Fn&& fn) {
   const int64_t Cg = p.Cg(), Kg = p.Kg();
   for (int64_t n = 0; n < p.N; ++n)
-    for (int64_t d = 0; d < p.in[0]; ++d)
-      for (int64_t h = 0; h < p.in[1]; ++h)
-        for (int64_t x = 0; x < p.in[2]; ++x)
-          for (int64_t ch = 0; ch < p.C; ++ch) {
-            const int64_t g = ch / Cg, c = ch % Cg;
-            double s = 0;
-            for (int64_t t = 0; t < p.filt[0]; ++t)
-              for (int64_t r = 0; r < p.filt[1]; ++r)
-                for (int64_t u = 0; u < p.filt[2]; ++u) {
-                  const int64_t z = out_idx(p, 0, d, t), pp = out_idx(p, 1, h, r),
-                                q = out_idx(p, 2, x, u);
-                  if (z < 0 || pp < 0 || q < 0) continue;
-                  for (int64_t k = 0; k < Kg; ++k)
-                    s += dy[size_t((((n * p.out[0] + z) * p.out[1] + pp) * p.out[2] + q) * p.K +
-                                   g * Kg + k)] *
-                         w[size_t((((t * p.filt[1] + r) * p.filt[2] + u) * Cg + c) * p.K +
-                                  g * Kg + k)];
-                }
-            dx[size_t((((n * p.in[0] + d) * p.in[1] + h) * p.in[2] + x) * p.C + ch)] = s;
-          }
-  return dx;
+    for (int64_t z = 0; z < p.out[0]; ++z)
+      for (int64_t o1 = 0; o1 < p.out[1]; ++o1)
+        for (int64_t o2 = 0; o2 < p.out[2]; ++o2)
+          for (int64_t t = 0; t < p.filt[0]; ++t)
+            for (int64_t r = 0; r < p.filt[1]; ++r)
+              for (int64_t u = 0; u < p.filt[2]; ++u) {
+                const int64_t d = in_idx(p, 0, z, t), h = in_idx(p, 1, o1, r),
+                              x = in_idx(p, 2, o2, u);
+                if (d < 0 || h < 0 || x < 0) continue;
+                const int64_t yo = (((n * p.out[0] + z) * p.out[1] + o1) * p.out[2] + o2) * p.K;
+                const int64_t xo = (((n * p.in[0] + d) * p.in[1] + h) * p.in[2] + x) * p.C;
+                const int64_t wo = ((t * p.filt[1] + r) * p.filt[2] + u) * Cg * p.K;
+                for (int64_t g = 0; g < p.G; ++g)
+                  for (int64_t c = 0; c < Cg; ++c)
+                    for (int64_t k = 0; k < Kg; ++k)
+                      fn(yo + g * Kg + k, xo + g * Cg + c, wo + c * p.K + g * Kg + k);
+              }
 }
 
-// y of q (N, Z, P, Q, K) from x (N, D, H, W, C) and w (T, R, S, Cg, K), by in_idx.
+// y of a forward problem (N, Z, P, Q, K) from x (N, D, H, W, C) and w (T, R, S, Cg, K).
 std::vector<double> naive_fwd(const Problem& q, const std::vector<double>& x,
                               const std::vector<double>& w) {
   std::vector<double> y(size_t(q.y_elems()), 0.0);
-  const int64_t Cg = q.Cg(), Kg = q.Kg();
-  for (int64_t n = 0; n < q.N; ++n)
-    for (int64_t z = 0; z < q.out[0]; ++z)
-      for (int64_t pp = 0; pp < q.out[1]; ++pp)
-        for (int64_t o = 0; o < q.out[2]; ++o)
-          for (int64_t kk = 0; kk < q.K; ++kk) {
-            const int64_t g = kk / Kg;
-            double s = 0;
-            for (int64_t t = 0; t < q.filt[0]; ++t)
-              for (int64_t r = 0; r < q.filt[1]; ++r)
-                for (int64_t u = 0; u < q.filt[2]; ++u) {
-                  const int64_t d = in_idx(q, 0, z, t), h = in_idx(q, 1, pp, r),
-                                wq = in_idx(q, 2, o, u);
-                  if (d < 0 || h < 0 || wq < 0) continue;
-                  for (int64_t c = 0; c < Cg; ++c)
-                    s += x[size_t((((n * q.in[0] + d) * q.in[1] + h) * q.in[2] + wq) * q.C +
-                                  g * Cg + c)] *
-                         w[size_t((((t * q.filt[1] + r) * q.filt[2] + u) * Cg + c) * q.K + kk)];
-                }
-            y[size_t((((n * q.out[0] + z) * q.out[1] + pp) * q.out[2] + o) * q.K + kk)] = s;
-          }
+  for_each_mac(q, [&](int64_t yo, int64_t xo, int64_t wo) {
+    y[size_t(yo)] += x[size_t(xo)] * w[size_t(wo)];
+  });
   return y;
+}
+
+// dx of p as the adjoint of its forward: every multiply-add sends dy * w back to the x
+// element it read (the class path never walks p's taps this way).
+std::vector<double> naive_bwd_data(const Problem& p, const std::vector<double>& dy,
+                                   const std::vector<double>& w) {
+  std::vector<double> dx(size_t(p.x_elems()), 0.0);
+  for_each_mac(p, [&](int64_t yo, int64_t xo, int64_t wo) {
+    dx[size_t(xo)] += dy[size_t(yo)] * w[size_t(wo)];
+  });
+  return dx;
 }
 
 int main() {

@@ -34,15 +34,18 @@ def rand(shape, dtype):
     return jax.device_put(jnp.asarray(RNG.standard_normal(shape), dtype), GPU)
 
 
-def fwd_bwd(name, fn, *args):
-    """fn(*args) and its vjp with a random cotangent; counts one case."""
-    out, vjp = jax.vjp(fn, *args)
-    ct = jax.tree.map(lambda o: rand(o.shape, o.dtype), out)
-    grads = vjp(ct)
-    for leaf in jax.tree.leaves((out, grads)):
+def finite(name, *results):
+    """Raises unless every leaf of results is finite; counts one case."""
+    for leaf in jax.tree.leaves(results):
         if not bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32)))):
             raise AssertionError(f"{name}: non-finite result")
     print(f"ok {name}", flush=True)
+
+
+def fwd_bwd(name, fn, *args):
+    """fn(*args) and its vjp with a random cotangent."""
+    out, vjp = jax.vjp(fn, *args)
+    finite(name, out, vjp(jax.tree.map(lambda o: rand(o.shape, o.dtype), out)))
 
 
 def activation():
@@ -139,11 +142,8 @@ def conv():
                         if not info.supported:
                             continue
                         run = conv_ops._run_algorithm(info.name, p.direction, p.spec, p.out_dtype)
-                        out = run(a, b)
-                        if not bool(jnp.all(jnp.isfinite(out.astype(jnp.float32)))):
-                            raise AssertionError(f"{info.name} {p.direction} {name}: non-finite")
-                        print(f"ok conv {name} {p.direction} {info.name} {dt.__name__} "
-                              f"{precision}", flush=True)
+                        finite(f"conv {name} {p.direction} {info.name} {dt.__name__} "
+                               f"{precision}", run(a, b))
 
 
 FAMILIES = {"activation": activation, "softmax": softmax, "norm": norm, "pool": pool,

@@ -55,7 +55,6 @@ inline AxisClass axis_class(const Problem& p, int a, int64_t r) {
 // A residue class: its three axes and the stride-1 forward problem that computes it (dy as
 // the input, the sub-filter, the class's dx positions as the output).
 struct StridedClass {
-  int64_t r[3];
   AxisClass axis[3];
   Problem sub;
   bool empty() const {  // no position, or positions no tap reaches (their dx is zero)
@@ -80,17 +79,16 @@ inline bool strided_classes_apply(const Problem& p) {
 
 // Class number ci = (r0 * s1 + r1) * s2 + r2.
 inline StridedClass strided_class(const Problem& p, int64_t ci) {
+  const int64_t r[3] = {ci / (p.stride[2] * p.stride[1]), ci / p.stride[2] % p.stride[1],
+                        ci % p.stride[2]};
   StridedClass c;
-  c.r[2] = ci % p.stride[2];
-  c.r[1] = ci / p.stride[2] % p.stride[1];
-  c.r[0] = ci / (p.stride[2] * p.stride[1]);
   Problem& q = c.sub;
   q.N = p.N;
   q.G = p.G;
   q.C = p.K;  // the sub-convolution reads dy
   q.K = p.C;  // and writes dx
   for (int a = 0; a < 3; ++a) {
-    const AxisClass ax = axis_class(p, a, c.r[a]);
+    const AxisClass ax = axis_class(p, a, r[a]);
     c.axis[a] = ax;
     q.in[a] = p.out[a];
     q.out[a] = ax.taps == 0 ? 0 : ax.size;
