@@ -5,11 +5,12 @@ the references, segfaulted after 24 tests on the H200; this script runs only jax
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 dev/sanitize.py [families]
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 dev/sanitize.py conv norm
 
-families: activation softmax norm pool conv (default: all). Each op runs forward and backward
+families: activation softmax norm pool conv (default: all); conv=NAME,NAME runs only those
+problems of the conv grid. Each op runs forward and backward
 (jax.vjp with a random cotangent) in float32 and bfloat16; conv runs every supported CUDA
 algorithm in every direction on a reduced grid. Results are only checked for finiteness: the
 point is the sanitizer's report (the test suite checks the values).
-JAXDNN_SANITIZE_PLATFORM=cpu runs the same calls on the CPU (a dry run of the script itself).
+JAXDNN_SANITIZE_DTYPES=bfloat16 keeps one dtype; JAXDNN_SANITIZE_PLATFORM=cpu runs the same calls on the CPU (a dry run of the script itself).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from jaxdnn.ops import conv as conv_ops
 PLATFORM = os.environ.get("JAXDNN_SANITIZE_PLATFORM", "gpu")  # "cpu": a quick local dry run
 GPU = jax.devices(PLATFORM)[0]
 RNG = np.random.default_rng(0)
-DTYPES = (jnp.float32, jnp.bfloat16)
+DTYPES = tuple(getattr(jnp, d) for d in
+               os.environ.get("JAXDNN_SANITIZE_DTYPES", "float32,bfloat16").split(","))
 
 
 def rand(shape, dtype):
@@ -126,10 +128,11 @@ CONV_GRID = [  # (name, x shape, w shape, conv_general_dilated keywords)
 ]
 
 
-def conv():
+def conv(names=""):
+    grid = [c for c in CONV_GRID if not names or c[0] in names.split(",")]
     for dt in DTYPES:
         for precision in ("highest", "default") if dt == jnp.float32 else ("highest",):
-            for name, xs, ws, kw in CONV_GRID:
+            for name, xs, ws, kw in grid:
                 def f(x, w, kw=kw):
                     y, vjp = jax.vjp(lambda x, w: jaxdnn.conv_general_dilated(
                         x, w, precision=precision, dimension_numbers=NHWC, **kw), x, w)
@@ -151,5 +154,6 @@ FAMILIES = {"activation": activation, "softmax": softmax, "norm": norm, "pool": 
 
 if __name__ == "__main__":
     for fam in sys.argv[1:] or list(FAMILIES):
-        FAMILIES[fam]()
+        fam, _, names = fam.partition("=")
+        FAMILIES[fam](*[names] if names else [])
     print("all done")

@@ -103,6 +103,11 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
       pads them to 8 in its workspace (fwd; bwd_filter with split-K, the filter being only a
       few output tiles), ahead of im2col_gemm's patch matrix; for bwd_data im2col_gemm, whose
       GEMM + col2im has T*R*S*Cg on the GEMM's N side (the implicit forms need Cg % 8);
+    - 16-bit 3x3 stride-1 fwd and bwd_data reducing over 64 channels (ResNet's l1 3x3):
+      implicit_gemm, whose halo path reads each 64-channel chunk of a 16x8-pixel tile once
+      by TMA and points every tap's wgmma at it, at 185-198 TFLOP/s against the table
+      gathers' 132-142; with 128+ channels the gathers win or tie (214-226 against 251-270
+      on l2, 219-223 against 222-247 on l3), so those stay on implicit_precomp_gemm;
     - the direct kernel last: no reuse.
     """
     if depthwise:
@@ -117,12 +122,31 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
         first = ["winograd_nonfused"]
     elif stride1 and t == 1 and (min(r, s) >= 7 or (exact_f32 and min(r, s) >= 5)):
         first = ["fft", "fft_tiling"]
+    elif _halo_wins(direction, spec, dtype):
+        first = ["implicit_gemm"]
     elif cg % 8 != 0:
         first = {"fwd": ["implicit_gemm"], "bwd_data": ["im2col_gemm"],
                  "bwd_filter": ["implicit_gemm_splitk"]}[direction]
     return first + ["implicit_precomp_gemm", "implicit_gemm", "implicit_gemm_splitk",
                     "im2col_gemm", "winograd_nonfused", "winograd", "fft_tiling", "fft",
                     "implicit_gemm_splitk_atomic", "direct"]
+
+
+def _halo_wins(direction: str, spec, dtype: np.dtype) -> bool:
+    """Whether implicit_gemm takes its halo path (cc/conv/cuda_implicit_gemm.cu: halo_applies)
+    on a problem where the benchmarks have it ahead: 16-bit, one group, a 3x3 stride-1 2-D
+    filter reducing over 64 channels into a multiple of 64, tiles of 16x8 output pixels at
+    least 70% inside the image."""
+    _, d, h, w, c = spec.lhs_shape
+    t, r, s, _, k = spec.rhs_shape
+    if direction == "bwd_filter" or dtype.itemsize != 2 or spec.groups != 1 or d != 1 or \
+            (t, r, s) != (1, 3, 3) or spec.stride != (1, 1, 1) or \
+            spec.lhs_dilation != (1, 1, 1) or spec.rhs_dilation != (1, 1, 1):
+        return False
+    _, _, p, q, _ = spec.out_shape
+    reduced, result, (rows, cols) = (c, k, (p, q)) if direction == "fwd" else (k, c, (h, w))
+    covered = -(-rows // 16) * 16 * (-(-cols // 8) * 8)
+    return reduced == 64 and result % 64 == 0 and 10 * rows * cols >= 7 * covered
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,8 +17,10 @@
 // are one halo row (16 pixels, 2048 bytes) apart: a k-major operand with SBO 2048 starting at
 // halo pixel (r, s). The 128-byte swizzle is applied by TMA when it writes and by wgmma when
 // it reads, both to absolute shared-memory address bits (cuda_gemm_wgmma.cuh), so a view that
-// starts s rows into a 1024-byte block reads what the box wrote there; the descriptor's base
-// offset field says where in the block it starts (PTX ISA, matrix descriptor format).
+// starts s rows into a 1024-byte block reads what the box wrote there with the descriptor's
+// base offset field left at 0. (Measured on the H200: setting it to the start's row in the
+// block, (start >> 7) & 7, as one reading of the PTX ISA suggests, shifts the swizzle a second
+// time; every tap with s != 0 came out wrong.)
 //   B     w as the (R*S*C) x K row-major matrix (HWIO). fwd: per (chunk, tap) slice the
 //         64 x BN block at row tap*C + chunk*64, column k0, as 64x64 TMA boxes (TmaMn's
 //         layout, mn-major). bwd_data: the reduction runs over K (w's columns) and the output
@@ -30,12 +32,12 @@
 // arithmetic per element.
 //
 // Schedule: persistent CTAs as in wgmma_kernel, each running tiles b, b + grid, ... as one
-// stream of (tile, chunk, tap) slices; thread 0 issues every copy two slices ahead:
-//   B     a ring of kStages buffers, one mbarrier each (slice q in buffer q % kStages);
-//   halo  two buffers, one mbarrier each; chunk c of the stream in buffer c % 2, issued with
-//         the chunk's first slice. At that point (slice q + 2 issued after the barrier of slice
-//         q) every slice up to q - 2 has retired, which covers chunk c - 2's last slice when a
-//         chunk has 3+ taps.
+// stream of (tile, chunk, tap) slices; thread 0 issues every copy ahead of its use:
+//   B     a ring of kStages buffers, one mbarrier each (slice q in buffer q % kStages); after
+//         the barrier of slice q (every slice up to q - 2 retired) slice q + kStages - 2.
+//   halo  two buffers, one mbarrier each; chunk c of the stream in buffer c % 2, issued after
+//         the barrier of chunk c - 1's second slice, when chunk c - 2's last slice has retired
+//         (a chunk has 3+ taps): taps - 1 slices ahead of its first use.
 // The epilogue stages each warpgroup's 64 x BN block in the B buffers of the tile's last two
 // slices (idle until the next barrier) and writes the rows that fall inside the image.
 #pragma once
@@ -54,7 +56,10 @@ struct HaloShape {
 
 template <typename T, int BN_>
 struct HaloTile : HaloShape {
-  static constexpr int BN = BN_, kStages = 4, kThreads = 256;
+  // B ring: kAhead slices in flight plus the two the wgmmas may still read. BN 64 keeps two
+  // CTAs per SM (105 KB each); BN 128 runs one (169 KB) and looks further ahead.
+  static constexpr int BN = BN_, kStages = BN == 128 ? 6 : 4, kAhead = kStages - 2;
+  static constexpr int kThreads = 256;
   static constexpr int kBBytes = BN * kSliceBytes;  // one slice of w: 64 rows of k x BN
   static constexpr int kSmemBytes = 1024 + 2 * kHaloBytes + kStages * kBBytes;
   static_assert(sizeof(T) == 2 && (BN == 64 || BN == 128), "16-bit inputs, 64 or 128 columns");
@@ -70,11 +75,6 @@ struct HaloParams {
   int taps, chunks;                         // R*S, C / 64
   int tiles_h, tiles_w, tiles_k, tiles;     // tiles = N * tiles_h * tiles_w * tiles_k
   uint32_t halo_bytes;                      // the box's bytes: (16 + R - 1) * 16 * 128
-  // The A descriptors carry the matrix base offset, (start >> 7) & 7, as the PTX ISA asks of a
-  // start address inside a 1024-byte swizzle block (0 for the k steps of the other kernels).
-  // WIP (to settle on the first GPU run, then remove): 0 leaves it out, in case the hardware
-  // swizzles absolute address bits regardless, as TMA does.
-  int base_offset;
 };
 
 // Output tile t: channel tile fastest (the CTAs running together share one halo in L2).
@@ -127,8 +127,9 @@ __global__ void __launch_bounds__(256, 2) halo_kernel(const __grid_constant__ Ha
   __syncthreads();
   const int slices = p.chunks * p.taps;
 
-  // Producer (thread 0): tile pt, its slice pq; the B ring slot and halo buffer to fill next.
-  int pt = blockIdx.x, pq = 0, fill_slot = 0, fill_halo = 0;
+  // Producer (thread 0). B: tile pt, its slice pq, the ring slot to fill next. Halo: the next
+  // chunk of the stream, tile ht and chunk hc, and the buffer to fill.
+  int pt = blockIdx.x, pq = 0, fill_slot = 0;
   auto produce = [&] {
     if (pq == slices) {
       pt += gridDim.x;
@@ -137,12 +138,6 @@ __global__ void __launch_bounds__(256, 2) halo_kernel(const __grid_constant__ Ha
     if (pt >= p.tiles) return;
     const HaloJob j = halo_job<BN>(p, pt);
     const int chunk = pq / p.taps, tap = pq % p.taps;
-    if (tap == 0) {
-      const uint32_t hb = bar(C::kStages + fill_halo);
-      mbar_expect_bytes(hb, p.halo_bytes);
-      tma_load_4d(halo(fill_halo), &p.x, chunk * 64, j.w0 - p.pad_w, j.h0 - p.pad_h, j.n, hb);
-      fill_halo ^= 1;
-    }
     const uint32_t bb = bar(fill_slot);
     mbar_expect_bytes(bb, C::kBBytes);
     if constexpr (kBwdData) {
@@ -156,9 +151,22 @@ __global__ void __launch_bounds__(256, 2) halo_kernel(const __grid_constant__ Ha
     fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
     ++pq;
   };
+  int ht = blockIdx.x, hc = 0, fill_halo = 0;
+  auto produce_halo = [&] {
+    if (ht >= p.tiles) return;
+    const HaloJob j = halo_job<BN>(p, ht);
+    const uint32_t hb = bar(C::kStages + fill_halo);
+    mbar_expect_bytes(hb, p.halo_bytes);
+    tma_load_4d(halo(fill_halo), &p.x, hc * 64, j.w0 - p.pad_w, j.h0 - p.pad_h, j.n, hb);
+    fill_halo ^= 1;
+    if (++hc == p.chunks) {
+      hc = 0;
+      ht += gridDim.x;
+    }
+  };
   if (tid == 0) {
-    produce();
-    produce();
+    produce_halo();
+    for (int i = 0; i < C::kAhead; ++i) produce();
   }
 
   // Consumers (everyone): phases of the next completion to wait for, one bit per barrier.
@@ -184,7 +192,12 @@ __global__ void __launch_bounds__(256, 2) halo_kernel(const __grid_constant__ Ha
       phases ^= 1u << slot;
       fence_proxy_async();  // the epilogue's staging writes before copies reuse the buffers
       __syncthreads();      // slice q landed; slice q - 2 retired in every warpgroup
-      if (tid == 0) produce();
+      if (tid == 0) {
+        produce();
+        // The chunk's second slice: the previous chunk's slices have all retired, so its
+        // buffer takes the next chunk's halo, a chunk (taps - 1 slices) ahead.
+        if (tap == 1) produce_halo();
+      }
       const int r = tap / p.S, s = tap % p.S;
       const uint32_t at = a_base + uint32_t((r * C::kPitch + s) * kSliceBytes);
       const uint32_t bt = b_tile(slot);
@@ -192,8 +205,7 @@ __global__ void __launch_bounds__(256, 2) halo_kernel(const __grid_constant__ Ha
       mma_slice<BN, kMode, false, !kBwdData>(
           acc,
           [&](int ks) {
-            return smem_desc(at + ks * 32, 16, C::kPitch * kSliceBytes) |
-                   (p.base_offset ? uint64_t(((at + ks * 32) >> 7) & 7) << 49 : 0);
+            return smem_desc(at + ks * 32, 16, C::kPitch * kSliceBytes);
           },
           [&](int ks) { return operand_desc<kBwdData>(bt, ks); });
     }

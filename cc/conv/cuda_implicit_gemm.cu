@@ -186,11 +186,6 @@ Status run_halo_tile(const Args& a, const Buffers& b, cudaStream_t stream) {
   const int64_t tiles = p.N * hp.tiles_h * hp.tiles_w * hp.tiles_k;
   hp.tiles = int(tiles);
   hp.halo_bytes = uint32_t(xbox[1] * xbox[2] * kSliceBytes);
-  static const bool base_offset = [] {
-    const char* e = std::getenv("JAXDNN_HALO_BASE_OFFSET");
-    return e == nullptr || e[0] != '0';
-  }();
-  hp.base_offset = base_offset;
   if (tiles == 0) return Status::Ok();
   return bwd ? launch_halo<kMode, BN, true>(hp, tiles, stream)
              : launch_halo<kMode, BN, false>(hp, tiles, stream);
