@@ -291,7 +291,11 @@ def test_split_k_plan():
                                                              padding="SAME"),
                       jnp.bfloat16, direction="bwd_filter")
     c = 576 * 64 * 4
-    assert infos["implicit_gemm_splitk"].workspace_bytes == 53 * c
+    # On Hopper the halo filter kernel takes it (cuda_halo_filter.cuh): one split per SM for
+    # its single (channel chunk, k block) pair, 132 of them.
+    hopper = has_gpu() and str(getattr(jax.devices("gpu")[0], "compute_capability", "")) \
+        .startswith("9")
+    assert infos["implicit_gemm_splitk"].workspace_bytes == (132 if hopper else 53) * c
     assert infos["implicit_gemm_splitk_atomic"].workspace_bytes == c
     # A forward problem that already fills the GPU does not split.
     fwd, _ = _infos((64, 56, 56, 64), (3, 3, 64, 64), dict(window_strides=(1, 1),

@@ -213,6 +213,23 @@ __global__ void sum_splits_kernel(const float* __restrict__ ws, Out* __restrict_
 
 inline int64_t result_ld(const Args& a) { return a.dir == Direction::kBwdData ? a.p.C : a.p.K; }
 
+// The result of a split GEMM: `splits` float partials of its shape in `ws`, added in order and
+// converted to the result dtype (T, the 16-bit input type, or float).
+template <typename T>
+Status sum_splits(const Args& a, const float* ws, void* result, int64_t splits,
+                  cudaStream_t stream) {
+  const Shape s = shape_of(a);
+  const int64_t total = a.p.G * s.M * s.N;
+  constexpr int kThreads = 256;
+  if (a.out == DType::kF32)
+    sum_splits_kernel<float><<<cuda::grid_for(total, kThreads), kThreads, 0, stream>>>(
+        ws, static_cast<float*>(result), a.p.G, s.M, s.N, splits, result_ld(a));
+  else
+    sum_splits_kernel<T><<<cuda::grid_for(total, kThreads), kThreads, 0, stream>>>(
+        ws, static_cast<T*>(result), a.p.G, s.M, s.N, splits, result_ld(a));
+  return cuda::check_launch("conv gemm sum_splits_kernel");
+}
+
 // Per-group transpose for an operand that must be k-major: group g's rows x cols block at
 // in + g * cols (row stride ld) becomes cols x rows, dense, at out + g * rows * cols. Through a
 // 32 x 33 shared tile, so that both the reads and the writes are coalesced.
@@ -291,18 +308,8 @@ Status launch(const Args& a, const typename AL::Params& ap, const typename BL::P
   }
   Status st = cuda::check_launch(name);
   if (!st.ok() || r == Reduce::kNone) return st;
-  const int64_t total = a.p.G * s.M * s.N, splits = r == Reduce::kOrdered ? run.splits : 1;
-  constexpr int kThreads = 256;
-  if (a.out == DType::kF32) {
-    sum_splits_kernel<float><<<cuda::grid_for(total, kThreads), kThreads, 0, stream>>>(
-        static_cast<const float*>(ws), static_cast<float*>(result), a.p.G, s.M, s.N, splits,
-        result_ld(a));
-  } else {
-    sum_splits_kernel<T><<<cuda::grid_for(total, kThreads), kThreads, 0, stream>>>(
-        static_cast<const float*>(ws), static_cast<T*>(result), a.p.G, s.M, s.N, splits,
-        result_ld(a));
-  }
-  return cuda::check_launch("conv gemm sum_splits_kernel");
+  return sum_splits<T>(a, static_cast<const float*>(ws), result,
+                       r == Reduce::kOrdered ? run.splits : 1, stream);
 }
 
 }  // namespace jaxdnn::conv::gemm

@@ -25,6 +25,7 @@
 #include <cstdlib>
 
 #include "cc/conv/cuda_gemm_conv.cuh"
+#include "cc/conv/cuda_halo_filter.cuh"
 #include "cc/conv/cuda_halo_wgmma.cuh"
 
 namespace jaxdnn::conv {
@@ -58,12 +59,6 @@ Support supports_with(const Args& a, Reduce r) {
   }
   if (!(s = channel_support(a)).ok) return s;
   return split_support(a, r);
-}
-
-int64_t workspace_with(const Args& a, Reduce r) {
-  if (!pads(a)) return reduce_workspace(a, r);
-  const Args q = padded(a);
-  return pad_x_bytes(q) + pad_w_bytes(q) + reduce_workspace(q, r);
 }
 
 // dst[o][m][i] = src[o][m][i] for m < mid_src, else 0, for m < mid_dst: pads (mid_dst >
@@ -114,29 +109,70 @@ HaloView halo_view(const Args& a) {
   return {p.in[1], p.in[2], p.C, p.out[1], p.out[2], p.K, p.pad_lo[1], p.pad_lo[2]};
 }
 
-// Whether the halo path takes the call (see the top and cuda_halo_wgmma.cuh).
-bool halo_applies(const Args& a, Reduce r) {
+// The halo kernels' common conditions: 16-bit inputs on Hopper, one group, a 2-D (or 1-D)
+// stride-1 undilated filter of up to 3 rows and `max_s` columns, channel counts multiples of
+// 64, and 16 x 8 tiles of the output at least 70% inside it (56x56: 88%, 28x28 and 14x14: 77%;
+// 7x7: 38%, left to the general kernels).
+bool halo_shape_ok(const Args& a, int64_t max_s) {
   static const bool off = [] {
     const char* e = std::getenv("JAXDNN_CONV_NO_HALO");
     return e != nullptr && e[0] == '1';
   }();
   const Problem& p = a.p;
-  if (off || r != Reduce::kNone || a.dir == Direction::kBwdFilter || a.in == DType::kF32 ||
-      a.out != a.in || p.G != 1 || !use_wgmma())
-    return false;
+  if (off || a.in == DType::kF32 || p.G != 1 || !use_wgmma()) return false;
   if (p.in[0] != 1 || p.filt[0] != 1) return false;  // 2-D (or 1-D along W)
   for (int ax = 0; ax < 3; ++ax)
     if (p.stride[ax] != 1 || p.lhs_dil[ax] != 1 || p.rhs_dil[ax] != 1) return false;
   const HaloView v = halo_view(a);
-  const int64_t R = p.filt[1], S = p.filt[2];
-  // Tiles of 16 x 8 output pixels: at least 70% of their rows must fall inside the image
-  // (56x56: 88%, 28x28 and 14x14: 77%; 7x7: 38%, left to the general kernels).
   const int64_t covered =
       (v.out_h + HaloShape::kTileH - 1) / HaloShape::kTileH * HaloShape::kTileH *
       ((v.out_w + HaloShape::kTileW - 1) / HaloShape::kTileW * HaloShape::kTileW);
-  return v.in_c % 64 == 0 && v.out_c % 64 == 0 && R <= HaloShape::kMaxR &&
-         S <= HaloShape::kMaxS && R * S >= 3 && 10 * v.out_h * v.out_w >= 7 * covered &&
+  return v.in_c % 64 == 0 && v.out_c % 64 == 0 && p.filt[1] <= HaloShape::kMaxR &&
+         p.filt[2] <= max_s && 10 * v.out_h * v.out_w >= 7 * covered &&
          p.x_elems() < (int64_t(1) << 31) && p.y_elems() < (int64_t(1) << 31);
+}
+
+// Whether the halo path takes a fwd or bwd_data call (see the top and cuda_halo_wgmma.cuh).
+bool halo_applies(const Args& a, Reduce r) {
+  return r == Reduce::kNone && a.dir != Direction::kBwdFilter && a.out == a.in &&
+         a.p.filt_spatial() >= 3 && halo_shape_ok(a, HaloShape::kMaxS);
+}
+
+// Whether the halo path takes a bwd_filter call (ordered split-K, 3x3 filters:
+// cuda_halo_filter.cuh).
+bool halo_filter_applies(const Args& a, Reduce r) {
+  return r == Reduce::kOrdered && a.dir == Direction::kBwdFilter &&
+         a.p.filt[1] == HaloFilterTile::kR && a.p.filt[2] == HaloFilterTile::kS &&
+         halo_shape_ok(a, HaloFilterTile::kS);
+}
+
+// The halo filter kernel's splits: one CTA per SM over all (channel chunk, k block) pairs,
+// each split at least one tile.
+int64_t halo_filter_splits(const Args& a) {
+  const Problem& p = a.p;
+  const int64_t combos = p.C / 64 * (p.K / 64);
+  const int64_t tiles = p.N * ((p.out[1] + HaloShape::kTileH - 1) / HaloShape::kTileH) *
+                        ((p.out[2] + HaloShape::kTileW - 1) / HaloShape::kTileW);
+  return std::max<int64_t>(1, std::min(kTargetCtas / 2 / combos, tiles));
+}
+
+int64_t workspace_with(const Args& a, Reduce r) {
+  if (!pads(a))
+    return halo_filter_applies(a, r) ? partial_bytes(a, halo_filter_splits(a))
+                                     : reduce_workspace(a, r);
+  const Args q = padded(a);
+  return pad_x_bytes(q) + pad_w_bytes(q) + reduce_workspace(q, r);
+}
+
+// A TMA map of an (N, H, W, channels) 16-bit tensor read in boxes of 64 channels x box_w x
+// box_h pixels of one image (outside the tensor: zeros).
+Status encode_nhwc(CUtensorMap* map, bool f16, const void* t, int64_t n, int64_t h, int64_t w,
+                   int64_t c, uint32_t box_w, uint32_t box_h) {
+  const cuuint64_t dims[4] = {cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)};
+  const cuuint64_t strides[3] = {cuuint64_t(c) * 2, cuuint64_t(w * c) * 2,
+                                 cuuint64_t(h * w * c) * 2};
+  const cuuint32_t box[4] = {64, box_w, box_h, 1};
+  return encode_tma(map, f16, t, 4, dims, strides, box);
 }
 
 template <Mode kMode, int BN, bool kBwdData>
@@ -157,12 +193,10 @@ Status run_halo_tile(const Args& a, const Buffers& b, cudaStream_t stream) {
   const bool f16 = kMode == Mode::kF16, bwd = a.dir == Direction::kBwdData;
   const HaloView v = halo_view(a);
   HaloParams hp{};
-  const cuuint64_t xdims[4] = {cuuint64_t(v.in_c), cuuint64_t(v.in_w), cuuint64_t(v.in_h),
-                               cuuint64_t(p.N)};
-  const cuuint64_t xstrides[3] = {cuuint64_t(v.in_c) * 2, cuuint64_t(v.in_w * v.in_c) * 2,
-                                  cuuint64_t(v.in_h * v.in_w * v.in_c) * 2};
-  const cuuint32_t xbox[4] = {64, uint32_t(C::kPitch), uint32_t(C::kTileH + p.filt[1] - 1), 1};
-  if (Status st = encode_tma(&hp.x, f16, bwd ? b.y : b.x, 4, xdims, xstrides, xbox); !st.ok())
+  const uint32_t lines = uint32_t(C::kTileH + p.filt[1] - 1);
+  if (Status st = encode_nhwc(&hp.x, f16, bwd ? b.y : b.x, p.N, v.in_h, v.in_w, v.in_c,
+                              C::kPitch, lines);
+      !st.ok())
     return st;
   // w as the (R*S*C) x K matrix; bwd_data reads BN of its rows (output channels) by 64
   // columns (the reduction), k-major.
@@ -185,7 +219,7 @@ Status run_halo_tile(const Args& a, const Buffers& b, cudaStream_t stream) {
   hp.tiles_k = int(v.out_c / BN);
   const int64_t tiles = p.N * hp.tiles_h * hp.tiles_w * hp.tiles_k;
   hp.tiles = int(tiles);
-  hp.halo_bytes = uint32_t(xbox[1] * xbox[2] * kSliceBytes);
+  hp.halo_bytes = lines * C::kPitch * kSliceBytes;
   if (tiles == 0) return Status::Ok();
   return bwd ? launch_halo<kMode, BN, true>(hp, tiles, stream)
              : launch_halo<kMode, BN, false>(hp, tiles, stream);
@@ -201,9 +235,48 @@ Status run_halo(const Args& a, const Buffers& b, cudaStream_t stream) {
   }
 }
 
+// bwd_filter through cuda_halo_filter.cuh: the split kernel into ws, then the ordered sum.
+template <Mode kMode>
+Status run_halo_filter(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
+  if constexpr (kMode == Mode::kBf16 || kMode == Mode::kF16) {
+    using C = HaloFilterTile;
+    const Problem& p = a.p;
+    const bool f16 = kMode == Mode::kF16;
+    const uint32_t lines = uint32_t(C::kTileH + C::kR - 1);
+    HaloFilterParams hp{};
+    if (Status st = encode_nhwc(&hp.x, f16, b.x, p.N, p.in[1], p.in[2], p.C, C::kPitch, lines);
+        !st.ok())
+      return st;
+    if (Status st = encode_nhwc(&hp.dy, f16, b.y, p.N, p.out[1], p.out[2], p.K, C::kTileW,
+                                C::kTileH);
+        !st.ok())
+      return st;
+    hp.partials = static_cast<float*>(ws);
+    hp.C = int(p.C);
+    hp.K = int(p.K);
+    hp.pad_h = int(p.pad_lo[1]);
+    hp.pad_w = int(p.pad_lo[2]);
+    hp.tiles_h = int((p.out[1] + C::kTileH - 1) / C::kTileH);
+    hp.tiles_w = int((p.out[2] + C::kTileW - 1) / C::kTileW);
+    hp.tiles = int(p.N * hp.tiles_h * hp.tiles_w);
+    hp.k_blocks = int(p.K / 64);
+    hp.combos = int(p.C / 64) * hp.k_blocks;
+    hp.splits = int(halo_filter_splits(a));
+    constexpr auto kernel = halo_filter_kernel<kMode>;
+    constexpr const char* name = "conv implicit_gemm halo_filter_kernel";
+    if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;
+    kernel<<<unsigned(hp.combos * hp.splits), C::kThreads, C::kSmemBytes, stream>>>(hp);
+    if (Status st = cuda::check_launch(name); !st.ok()) return st;
+    return sum_splits<typename ModeTraits<kMode>::T>(a, hp.partials, b.result, hp.splits, stream);
+  } else {
+    return Status::Error("conv implicit_gemm: the halo path takes 16-bit inputs");
+  }
+}
+
 template <Mode kMode>
 Status run_mode(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStream_t stream) {
   if (halo_applies(a, r)) return run_halo<kMode>(a, b, stream);
+  if (halo_filter_applies(a, r)) return run_halo_filter<kMode>(a, b, ws, stream);
   using T = typename ModeTraits<kMode>::T;
   const Geo geo = make_geo(a.p);
   const Shape s = shape_of(a);
