@@ -54,6 +54,8 @@ GRID = [
      dict(window_strides=(1, 1), padding=((1, 0), (2, 2)))),
     ("stem_3_channels", (2, 17, 17, 3), (7, 7, 3, 64), dict(window_strides=(2, 2),
                                                             padding=((3, 3), (3, 3)))),
+    ("padded_136_outputs", (2, 9, 10, 5), (3, 3, 5, 136), dict(window_strides=(1, 1),
+                                                               padding="SAME")),
     ("groups_6_channels", (2, 9, 8, 12), (3, 3, 6, 16), dict(window_strides=(1, 1),
                                                              padding="SAME",
                                                              feature_group_count=2)),
@@ -244,6 +246,9 @@ def test_gemm_algorithms_report_reasons_and_workspaces():
     # floats), each rounded up to 256 bytes. bwd_data's GEMM N side is Cg itself: no padding.
     assert infos["implicit_gemm"].supported
     assert infos["implicit_gemm"].workspace_bytes == 4096 + 4608
+    # In TF32 its forward adds the padded w transposed (wgmma reads 32-bit operands k-major).
+    tf32_pad, _ = _infos((2, 8, 8, 3), (3, 3, 3, 16), kw, precision="default")
+    assert tf32_pad["implicit_gemm"].workspace_bytes == 4096 + 2 * 4608
     bwdd, _ = _infos((2, 8, 8, 3), (3, 3, 3, 16), kw, direction="bwd_data")
     assert "multiples of 8" in bwdd["implicit_gemm"].reason
     # im2col_gemm's bwd_data: float column gradients, one row per output pixel (2*8*8) of

@@ -42,11 +42,19 @@ Args padded(const Args& a) {
   return q;
 }
 
-// Workspace: [x padded][w padded (fwd) | dw padded (bwd_filter)][split-K partials].
+// Workspace: [x padded][w padded (fwd) | dw padded (bwd_filter)][w padded, transposed (TF32
+// fwd)][split-K partials].
 int64_t pad_x_bytes(const Args& q) { return align256(q.p.x_elems() * elem_bytes(q.in)); }
 int64_t pad_w_bytes(const Args& q) {
   return align256(q.p.w_elems() * elem_bytes(q.dir == Direction::kBwdFilter ? q.out : q.in));
 }
+// The padded TF32 forward also writes its padded w transposed (per group Kg x taps*Cg, k-major),
+// so that both operands are k-major and the GEMM runs on wgmma, which has no transposed form
+// for 32-bit inputs; in place, w is mn-major and the GEMM runs on mma.sync.
+bool kmajor_weight(const Args& q) {
+  return q.dir == Direction::kFwd && q.in == DType::kF32 && q.tf32;
+}
+int64_t pad_wt_bytes(const Args& q) { return kmajor_weight(q) ? pad_w_bytes(q) : 0; }
 
 Support supports_with(const Args& a, Reduce r) {
   Support s = gemm_dtype_support(a);
@@ -161,7 +169,7 @@ int64_t workspace_with(const Args& a, Reduce r) {
     return halo_filter_applies(a, r) ? partial_bytes(a, halo_filter_splits(a))
                                      : reduce_workspace(a, r);
   const Args q = padded(a);
-  return pad_x_bytes(q) + pad_w_bytes(q) + reduce_workspace(q, r);
+  return pad_x_bytes(q) + pad_w_bytes(q) + pad_wt_bytes(q) + reduce_workspace(q, r);
 }
 
 // A TMA map of an (N, H, W, channels) 16-bit tensor read in boxes of 64 channels x box_w x
@@ -274,7 +282,8 @@ Status run_halo_filter(const Args& a, const Buffers& b, void* ws, cudaStream_t s
 }
 
 template <Mode kMode>
-Status run_mode(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStream_t stream) {
+Status run_mode(const Args& a, const Buffers& b, Reduce r, void* ws, const void* wt,
+                cudaStream_t stream) {
   if (halo_applies(a, r)) return run_halo<kMode>(a, b, stream);
   if (halo_filter_applies(a, r)) return run_halo_filter<kMode>(a, b, ws, stream);
   using T = typename ModeTraits<kMode>::T;
@@ -284,14 +293,24 @@ Status run_mode(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStream_
   const T* w = static_cast<const T*>(b.w);
   const T* y = static_cast<const T*>(b.y);
   // bwd_data's operands are both k-major, so TF32 runs it on wgmma; fwd and bwd_filter read an
-  // mn-major operand in place (this algorithm has no workspace to transpose it into).
-  return with_tile<kMode>(s.N, a.dir == Direction::kBwdData, [&](auto tile) -> Status {
+  // mn-major operand in place, except the padded TF32 fwd, which brings w transposed (wt).
+  const bool k_major = a.dir == Direction::kBwdData || wt != nullptr;
+  return with_tile<kMode>(s.N, k_major, [&](auto tile) -> Status {
     using C = decltype(tile);
     switch (a.dir) {
       case Direction::kFwd: {
         using AL = ActRows<T, Direction::kFwd, C::BM, C::kThreads>;
-        using BL = PlainMn<T, C::BN, C::kThreads>;
         const typename AL::Params ap{x, geo, int(s.M)};
+        if constexpr (kMode == Mode::kTf32) {
+          if (wt != nullptr) {
+            using BL = PlainK<T, C::BN, C::kThreads>;
+            const MatrixParams<T> bp{static_cast<const T*>(wt), s.Kd, int(s.N), int(s.Kd),
+                                     s.N * s.Kd};
+            return launch<kMode, C, AL, BL>(a, ap, bp, b.result, r, ws, stream,
+                                            "conv implicit_gemm fwd gemm_kernel");
+          }
+        }
+        using BL = PlainMn<T, C::BN, C::kThreads>;
         const typename BL::Params bp{w, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
         return launch<kMode, C, AL, BL>(a, ap, bp, b.result, r, ws, stream,
                                         "conv implicit_gemm fwd gemm_kernel");
@@ -317,8 +336,11 @@ Status run_mode(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStream_
   });
 }
 
-Status run_gemm(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStream_t stream) {
-  return with_mode(a, [&](auto mode) { return run_mode<decltype(mode)::kMode>(a, b, r, ws, stream); });
+Status run_gemm(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStream_t stream,
+                const void* wt = nullptr) {
+  return with_mode(a, [&](auto mode) {
+    return run_mode<decltype(mode)::kMode>(a, b, r, ws, wt, stream);
+  });
 }
 
 // The padded form: pad x (and w), run the GEMM of the padded problem, crop dw.
@@ -328,7 +350,8 @@ Status run_padded(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStrea
   const int64_t cg = p.Cg(), cg8 = q.p.Cg();
   char* x8 = static_cast<char*>(ws);
   char* w8 = x8 + pad_x_bytes(q);
-  void* rest = w8 + pad_w_bytes(q);
+  char* w8t = w8 + pad_w_bytes(q);
+  void* rest = w8t + pad_wt_bytes(q);
   const int eb = elem_bytes(a.in);
   if (Status st = resize_mid(b.x, x8, eb, p.N * p.in_spatial() * p.G, cg, cg8, 1, stream); !st.ok())
     return st;
@@ -338,7 +361,13 @@ Status run_padded(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStrea
     if (Status st = resize_mid(b.w, w8, eb, p.filt_spatial(), cg, cg8, p.K, stream); !st.ok())
       return st;
     bq.w = w8;
-    return run_gemm(q, bq, r, rest, stream);
+    if (!kmajor_weight(q)) return run_gemm(q, bq, r, rest, stream);
+    const Shape s = shape_of(q);  // w8^T: group g's (Kd x Kg) block at column g * Kg
+    if (Status st = transpose(reinterpret_cast<const float*>(w8), reinterpret_cast<float*>(w8t),
+                              int(s.Kd), int(s.N), q.p.K, int(q.p.G), stream);
+        !st.ok())
+      return st;
+    return run_gemm(q, bq, r, rest, stream, w8t);
   }
   bq.result = w8;  // bwd_filter: dw of the padded problem, then its first cg channels
   if (Status st = run_gemm(q, bq, r, rest, stream); !st.ok()) return st;
