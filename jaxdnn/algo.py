@@ -10,6 +10,7 @@ platform) at lowering time, so the choice is a static attribute of the custom ca
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
@@ -132,15 +133,25 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
                     "implicit_gemm_splitk_atomic", "direct"]
 
 
+@functools.cache
+def _hopper() -> bool:
+    """Whether the first GPU is a Hopper (sm_90), the only one with the halo path."""
+    try:
+        return str(getattr(jax.devices("gpu")[0], "compute_capability", "")).startswith("9")
+    except RuntimeError:  # no GPU backend
+        return False
+
+
 def _halo_wins(direction: str, spec, dtype: np.dtype) -> bool:
     """Whether implicit_gemm takes its halo path (cc/conv/cuda_implicit_gemm.cu: halo_applies)
-    on a problem where the benchmarks have it ahead: 16-bit, one group, a 3x3 stride-1 2-D
-    filter reducing over 64 channels into a multiple of 64, tiles of 16x8 output pixels at
-    least 70% inside the image."""
+    on a problem where the benchmarks have it ahead: a Hopper GPU, 16-bit, one group, a 3x3
+    stride-1 2-D filter reducing over 64 channels into a multiple of 64, tiles of 16x8 output
+    pixels at least 70% inside the image. Elsewhere implicit_gemm gathers per tap and loses to
+    implicit_precomp_gemm's tables."""
     _, d, h, w, c = spec.lhs_shape
     t, r, s, _, k = spec.rhs_shape
-    if direction == "bwd_filter" or dtype.itemsize != 2 or spec.groups != 1 or d != 1 or \
-            (t, r, s) != (1, 3, 3) or spec.stride != (1, 1, 1) or \
+    if not _hopper() or direction == "bwd_filter" or dtype.itemsize != 2 or \
+            spec.groups != 1 or d != 1 or (t, r, s) != (1, 3, 3) or spec.stride != (1, 1, 1) or \
             spec.lhs_dilation != (1, 1, 1) or spec.rhs_dilation != (1, 1, 1):
         return False
     _, _, p, q, _ = spec.out_shape

@@ -60,11 +60,17 @@ def test_heuristic_takes_the_first_ranked(monkeypatch):
     ((64, 56, 56, 64), (3, 3, 64, 96), 1, jnp.bfloat16, "fwd", "implicit_precomp_gemm"),
     ((64, 7, 7, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "fwd", "implicit_precomp_gemm"),  # 38%
 ])
-def test_gpu_heuristic_sends_l1_3x3_to_the_halo_path(x, w, pad, dtype, direction, first):
+def test_gpu_heuristic_sends_l1_3x3_to_the_halo_path(x, w, pad, dtype, direction, first,
+                                                      monkeypatch):
     spec = jaxdnn.conv_problem(jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype),
                                padding=pad).spec
+    monkeypatch.setattr(algo, "_hopper", lambda: True)
     order = algo._cuda_preference(direction, spec, np.dtype(dtype), depthwise=False)
     assert order[0] == first
+    # Other GPUs have no halo path: implicit_gemm would gather per tap there.
+    monkeypatch.setattr(algo, "_hopper", lambda: False)
+    assert algo._cuda_preference(direction, spec, np.dtype(dtype),
+                                 depthwise=False)[0] == "implicit_precomp_gemm"
 
 
 def test_deterministic_and_workspace_limits(monkeypatch):
