@@ -52,6 +52,8 @@ GRID = [
      dict(window_strides=(1, 1), padding=((2, 0), (0, 2)))),
     ("halo_2x5", (2, 30, 15, 64), (2, 5, 64, 128),
      dict(window_strides=(1, 1), padding=((1, 0), (2, 2)))),
+    ("ragged_96_inputs", (2, 10, 9, 96), (3, 3, 96, 64), dict(window_strides=(1, 1),
+                                                              padding="SAME")),
     ("stem_3_channels", (2, 17, 17, 3), (7, 7, 3, 64), dict(window_strides=(2, 2),
                                                             padding=((3, 3), (3, 3)))),
     ("padded_136_outputs", (2, 9, 10, 5), (3, 3, 5, 136), dict(window_strides=(1, 1),

@@ -15,6 +15,8 @@
 //   PlainMn       mn-major  a row-major matrix                w (fwd B), dy (bwd_filter B),
 //                                                             im2col_gemm bwd_filter A
 //   TmaMn         mn-major  the same through TMA boxes        implicit_precomp_gemm's wgmma B
+//   TmaWeightRows k-major   WeightRows through TMA boxes      implicit_precomp_gemm's wgmma
+//                                                             bwd_data B
 #pragma once
 
 #include <cstdint>
@@ -368,6 +370,47 @@ struct TmaMn : Elems<T> {
   }
 
   __device__ __forceinline__ void next() { r0 += Elems<T>::kBK; }
+};
+
+// WeightRows through TMA (one group, Kg a multiple of the 64-element slice, so that a slice is
+// one tap): w as the (taps * Cg) x K row-major matrix, slice (tap, kc) of the tile at rows
+// c0.. is the k-major box {64 columns at kc, BMN rows at tap * Cg + c0}. Rows past Cg read
+// the next tap's (or, past the tensor, zeros) into columns of the GEMM that are not stored.
+template <typename T, int BMN, int THREADS>
+struct TmaWeightRows : Elems<T> {
+  static constexpr bool kKMajor = true;
+  static constexpr bool kTma = true;
+  using TileT = KMajorTile<BMN>;
+  static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
+  static_assert(sizeof(T) == 2, "TMA boxes of 64 16-bit columns");
+  struct Params {
+    CUtensorMap map;  // {K, taps * Cg}, boxes {64, BMN}
+    int Cg, Kg;
+  };
+
+  const Params& p;
+  int c0, tap, kc;  // the tile's first row; the current slice's tap and first column
+
+  __device__ __forceinline__ TmaWeightRows(const Params& params, int mn0, int, int kt0, int)
+      : p(params), c0(mn0) {
+    const int kk = kt0 * Elems<T>::kBK;
+    tap = kk / p.Kg;
+    kc = kk - tap * p.Kg;
+  }
+
+  // Thread 0 only: announces the slice's bytes on `bar` and issues its box.
+  __device__ __forceinline__ void load(uint32_t tile, uint32_t bar) {
+    mbar_expect_bytes(bar, kBytes);
+    tma_load_2d(tile, &p.map, kc, tap * p.Cg + c0, bar);
+  }
+
+  __device__ __forceinline__ void next() {
+    kc += Elems<T>::kBK;
+    if (kc == p.Kg) {
+      kc = 0;
+      ++tap;
+    }
+  }
 };
 
 }  // namespace jaxdnn::conv::gemm

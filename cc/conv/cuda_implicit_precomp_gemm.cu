@@ -191,11 +191,28 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
         }
       }
       case Direction::kBwdData: {
-        using BL = WeightRows<T, C::BN, C::kThreads>;
         const typename Rows::Params ap{y, table, geo, int(s.M), geo.Kg};
+        constexpr const char* name = "conv implicit_precomp_gemm bwd_data gemm_kernel";
+        // B = w^T, k-major; through TMA boxes when a slice is one tap of one group.
+        if constexpr (C::kWgmma && sizeof(T) == 2) {
+          if (tma_b(a) && a.p.G == 1 && geo.Kg % C::BK == 0) {
+            using BL = TmaWeightRows<T, C::BN, C::kThreads>;
+            typename BL::Params bp;
+            if (Status st = encode_tma_2d(&bp.map, kMode == Mode::kF16, w,
+                                          uint64_t(a.p.filt_spatial() * a.p.C), uint64_t(a.p.K),
+                                          uint64_t(a.p.K), uint32_t(C::BN));
+                !st.ok())
+              return st;
+            bp.Cg = int(geo.Cg);
+            bp.Kg = int(geo.Kg);
+            return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr,
+                                              stream, name);
+          }
+        }
+        using BL = WeightRows<T, C::BN, C::kThreads>;
         const typename BL::Params bp{w, geo};
         return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
-                                          "conv implicit_precomp_gemm bwd_data gemm_kernel");
+                                          name);
       }
       case Direction::kBwdFilter: {
         using AL = TableCols<T, C::BM, C::kThreads>;
