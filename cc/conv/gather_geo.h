@@ -45,49 +45,57 @@ JAXDNN_HD int bwd_coord(const Geo& g, int a, int i, int f) {
   return num < g.out[a] ? num : -1;
 }
 
+// Row m of a gather: an output pixel for kFwd / kBwdFilter (reading x), an input pixel for
+// kBwdData (reading dy), decoded once, in 32-bit arithmetic below the image index.
+template <Direction kDir>
+struct GatherRow {
+  static constexpr bool kFromOut = kDir != Direction::kBwdData;
+  const Geo& g;
+  const int* dims;  // the gathered tensor's spatial dims
+  int64_t n;
+  int d, h, w;
+  JAXDNN_HD GatherRow(const Geo& geo, int64_t m) : g(geo), dims(kFromOut ? geo.in : geo.out) {
+    const int* rows = kFromOut ? geo.out : geo.in;
+    w = int(m % rows[2]);
+    h = int(m / rows[2] % rows[1]);
+    const int64_t nd = m / (int64_t(rows[2]) * rows[1]);
+    d = int(nd % rows[0]);
+    n = nd / rows[0];
+  }
+  // The gathered tensor's coordinate along axis a through filter index f, or -1.
+  JAXDNN_HD int coord(int a, int f) const {
+    const int i = a == 0 ? d : (a == 1 ? h : w);
+    return kFromOut ? fwd_coord(g, a, i, f) : bwd_coord(g, a, i, f);
+  }
+};
+
 // The pixel that GEMM row m reads through tap `tap`, as an index into the gathered tensor's
-// pixels (x's for kFwd and kBwdFilter, dy's for kBwdData), or -1 on padding. Row m is an output
-// pixel for kFwd / kBwdFilter and an input pixel for kBwdData.
+// pixels, or -1 on padding.
 template <Direction kDir>
 JAXDNN_HD int64_t gathered_pixel(const Geo& g, int64_t m, int tap) {
-  constexpr bool kFromOut = kDir != Direction::kBwdData;
-  const int* rows = kFromOut ? g.out : g.in;
-  const int* dims = kFromOut ? g.in : g.out;
+  const GatherRow<kDir> row(g, m);
   const int s = tap % g.filt[2], r = tap / g.filt[2] % g.filt[1], t = tap / (g.filt[2] * g.filt[1]);
-  const int w = int(m % rows[2]), h = int(m / rows[2] % rows[1]), d = int(m / (rows[2] * rows[1]) % rows[0]);
-  const int64_t n = m / (int64_t(rows[2]) * rows[1] * rows[0]);
-  const int a0 = kFromOut ? fwd_coord(g, 0, d, t) : bwd_coord(g, 0, d, t);
-  const int a1 = kFromOut ? fwd_coord(g, 1, h, r) : bwd_coord(g, 1, h, r);
-  const int a2 = kFromOut ? fwd_coord(g, 2, w, s) : bwd_coord(g, 2, w, s);
+  const int a0 = row.coord(0, t), a1 = row.coord(1, r), a2 = row.coord(2, s);
   if ((a0 | a1 | a2) < 0) return -1;
-  return ((n * dims[0] + a0) * dims[1] + a1) * dims[2] + a2;
+  return ((row.n * row.dims[0] + a0) * row.dims[1] + a1) * row.dims[2] + a2;
 }
 
 // Calls fn(tap, pixel) for every tap of GEMM row m in tap order, the pixel as gathered_pixel
 // gives it (-1 on padding). The row is decoded once and each axis's coordinate once per tap
-// of that axis, in 32-bit arithmetic: kernels that walk every tap of a row through
-// gathered_pixel spent ~300 instructions per tap on 64-bit divisions.
+// of that axis: kernels that walk every tap of a row through gathered_pixel spent ~300
+// instructions per tap on divisions.
 template <Direction kDir, typename Fn>
 JAXDNN_HD void for_each_tap(const Geo& g, int64_t m, Fn&& fn) {
-  constexpr bool kFromOut = kDir != Direction::kBwdData;
-  const int* rows = kFromOut ? g.out : g.in;
-  const int* dims = kFromOut ? g.in : g.out;
-  auto coord = [&](int a, int i, int f) {
-    return kFromOut ? fwd_coord(g, a, i, f) : bwd_coord(g, a, i, f);
-  };
-  const int w = int(m % rows[2]), h = int(m / rows[2] % rows[1]);
-  const int64_t nd = m / (int64_t(rows[2]) * rows[1]);
-  const int d = int(nd % rows[0]);
-  const int64_t n = nd / rows[0];
+  const GatherRow<kDir> row(g, m);
   int tap = 0;
   for (int t = 0; t < g.filt[0]; ++t) {
-    const int a0 = coord(0, d, t);
+    const int a0 = row.coord(0, t);
     for (int r = 0; r < g.filt[1]; ++r) {
-      const int a1 = a0 < 0 ? -1 : coord(1, h, r);
-      const int64_t p01 = (n * dims[0] + a0) * dims[1] + a1;
+      const int a1 = a0 < 0 ? -1 : row.coord(1, r);
+      const int64_t p01 = (row.n * row.dims[0] + a0) * row.dims[1] + a1;
       for (int s = 0; s < g.filt[2]; ++s, ++tap) {
-        const int a2 = a1 < 0 ? -1 : coord(2, w, s);
-        fn(tap, a2 < 0 ? int64_t(-1) : p01 * dims[2] + a2);
+        const int a2 = a1 < 0 ? -1 : row.coord(2, s);
+        fn(tap, a2 < 0 ? int64_t(-1) : p01 * row.dims[2] + a2);
       }
     }
   }
