@@ -10,7 +10,9 @@ problems of the conv grid. Each op runs forward and backward
 (jax.vjp with a random cotangent) in float32 and bfloat16; conv runs every supported CUDA
 algorithm in every direction on a reduced grid. Results are only checked for finiteness: the
 point is the sanitizer's report (the test suite checks the values).
-JAXDNN_SANITIZE_DTYPES=bfloat16 keeps one dtype; JAXDNN_SANITIZE_PLATFORM=cpu runs the same calls on the CPU (a dry run of the script itself).
+JAXDNN_SANITIZE_DTYPES=bfloat16 keeps one dtype; JAXDNN_SANITIZE_ALGOS=NAME,NAME keeps those
+conv algorithms (racecheck is slow: aim it at the changed kernels); JAXDNN_SANITIZE_PLATFORM=cpu
+runs the same calls on the CPU (a dry run of the script itself).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ GPU = jax.devices(PLATFORM)[0]
 RNG = np.random.default_rng(0)
 DTYPES = tuple(getattr(jnp, d) for d in
                os.environ.get("JAXDNN_SANITIZE_DTYPES", "float32,bfloat16").split(","))
+ALGOS = [a for a in os.environ.get("JAXDNN_SANITIZE_ALGOS", "").split(",") if a]
 
 
 def rand(shape, dtype):
@@ -142,7 +145,7 @@ def conv(names=""):
                     a_shape, b_shape, _ = conv_ops._shapes(p.direction, p.spec)
                     a, b = rand(a_shape, dt), rand(b_shape, dt)
                     for info in jaxdnn.conv_algorithms(p, "cuda" if PLATFORM == "gpu" else "cpu"):
-                        if not info.supported:
+                        if not info.supported or (ALGOS and info.name not in ALGOS):
                             continue
                         run = conv_ops._run_algorithm(info.name, p.direction, p.spec, p.out_dtype)
                         finite(f"conv {name} {p.direction} {info.name} {dt.__name__} "

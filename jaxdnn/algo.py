@@ -109,6 +109,9 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
       by TMA and points every tap's wgmma at it, at 185-198 TFLOP/s against the table
       gathers' 132-142; with 128+ channels the gathers win or tie (214-226 against 251-270
       on l2, 219-223 against 222-247 on l3), so those stay on implicit_precomp_gemm;
+    - 16-bit 3x3 stride-1 bwd_filter on the same tiles, any multiple of 64 channels:
+      implicit_gemm_splitk, whose halo path keeps all nine taps' accumulators over one x
+      halo and one dy tile, at 276-323 TFLOP/s against the tables' 126-209 (l1-l3);
     - the direct kernel last: no reuse.
     """
     if depthwise:
@@ -124,7 +127,7 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
     elif stride1 and t == 1 and (min(r, s) >= 7 or (exact_f32 and min(r, s) >= 5)):
         first = ["fft", "fft_tiling"]
     elif _halo_wins(direction, spec, dtype):
-        first = ["implicit_gemm"]
+        first = ["implicit_gemm_splitk" if direction == "bwd_filter" else "implicit_gemm"]
     elif cg % 8 != 0:
         first = {"fwd": ["implicit_gemm"], "bwd_data": ["im2col_gemm"],
                  "bwd_filter": ["implicit_gemm_splitk"]}[direction]
@@ -143,21 +146,23 @@ def _hopper() -> bool:
 
 
 def _halo_wins(direction: str, spec, dtype: np.dtype) -> bool:
-    """Whether implicit_gemm takes its halo path (cc/conv/cuda_implicit_gemm.cu: halo_applies)
-    on a problem where the benchmarks have it ahead: a Hopper GPU, 16-bit, one group, a 3x3
-    stride-1 2-D filter reducing over 64 channels into a multiple of 64, tiles of 16x8 output
-    pixels at least 70% inside the image. Elsewhere implicit_gemm gathers per tap and loses to
-    implicit_precomp_gemm's tables."""
+    """Whether the halo path (cc/conv/cuda_implicit_gemm.cu: halo_applies for implicit_gemm's
+    fwd and bwd_data, halo_filter_applies for implicit_gemm_splitk's bwd_filter) takes a
+    problem where the benchmarks have it ahead: a Hopper GPU, 16-bit, one group, a 3x3
+    stride-1 2-D filter, channel counts multiples of 64 (fwd and bwd_data: reducing over
+    exactly 64), tiles of 16x8 output pixels at least 70% inside the image. Elsewhere
+    implicit_gemm gathers per tap and loses to implicit_precomp_gemm's tables."""
     _, d, h, w, c = spec.lhs_shape
     t, r, s, _, k = spec.rhs_shape
-    if not _hopper() or direction == "bwd_filter" or dtype.itemsize != 2 or \
-            spec.groups != 1 or d != 1 or (t, r, s) != (1, 3, 3) or spec.stride != (1, 1, 1) or \
+    if not _hopper() or dtype.itemsize != 2 or spec.groups != 1 or d != 1 or \
+            (t, r, s) != (1, 3, 3) or spec.stride != (1, 1, 1) or \
             spec.lhs_dilation != (1, 1, 1) or spec.rhs_dilation != (1, 1, 1):
         return False
     _, _, p, q, _ = spec.out_shape
-    reduced, result, (rows, cols) = (c, k, (p, q)) if direction == "fwd" else (k, c, (h, w))
+    reduced, result, (rows, cols) = (k, c, (h, w)) if direction == "bwd_data" else (c, k, (p, q))
     covered = -(-rows // 16) * 16 * (-(-cols // 8) * 8)
-    return reduced == 64 and result % 64 == 0 and 10 * rows * cols >= 7 * covered
+    wide_enough = reduced % 64 == 0 if direction == "bwd_filter" else reduced == 64
+    return wide_enough and result % 64 == 0 and 10 * rows * cols >= 7 * covered
 
 
 @dataclasses.dataclass(frozen=True)

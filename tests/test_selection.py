@@ -54,13 +54,16 @@ def test_heuristic_takes_the_first_ranked(monkeypatch):
 @pytest.mark.parametrize("x, w, pad, dtype, direction, first", [
     ((64, 56, 56, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "fwd", "implicit_gemm"),  # l1 3x3
     ((64, 56, 56, 128), (3, 3, 128, 64), 1, jnp.float16, "bwd_data", "implicit_gemm"),
-    ((64, 56, 56, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "bwd_filter", "implicit_precomp_gemm"),
+    ((64, 56, 56, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "bwd_filter", "implicit_gemm_splitk"),
+    ((64, 14, 14, 256), (3, 3, 256, 256), 1, jnp.float16, "bwd_filter", "implicit_gemm_splitk"),
+    ((64, 14, 14, 256), (3, 3, 256, 96), 1, jnp.bfloat16, "bwd_filter", "implicit_precomp_gemm"),
+    ((64, 56, 56, 64), (1, 1, 64, 64), 0, jnp.bfloat16, "bwd_filter", "implicit_precomp_gemm"),
     ((64, 56, 56, 64), (3, 3, 64, 64), 1, jnp.float32, "fwd", "implicit_precomp_gemm"),
     ((64, 28, 28, 128), (3, 3, 128, 128), 1, jnp.bfloat16, "fwd", "implicit_precomp_gemm"),
     ((64, 56, 56, 64), (3, 3, 64, 96), 1, jnp.bfloat16, "fwd", "implicit_precomp_gemm"),
     ((64, 7, 7, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "fwd", "implicit_precomp_gemm"),  # 38%
 ])
-def test_gpu_heuristic_sends_l1_3x3_to_the_halo_path(x, w, pad, dtype, direction, first,
+def test_gpu_heuristic_sends_3x3_to_the_halo_path(x, w, pad, dtype, direction, first,
                                                       monkeypatch):
     spec = jaxdnn.conv_problem(jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype),
                                padding=pad).spec
