@@ -413,4 +413,62 @@ struct TmaWeightRows : Elems<T> {
   }
 };
 
+// A of implicit_precomp_gemm's 2-D forward and stride-1 bwd_data on Hopper, through TMA's
+// im2col mode (encode_tma_im2col): one box per slice, the tile's BMN consecutive result pixels
+// x 64 channels of one tap, in place of the table lookups and per-chunk cp.asyncs of
+// TableRows. k = (tap, channel) as in TableRows, channels per group a multiple of 64 (a slice
+// is one tap). Result pixel (n, p, q) reads base (p * stride_h + lo_h, q * stride_w + lo_w)
+// at offset (r * dil_h, s * dil_w); bwd_data (the forward of dy with the filter flipped:
+// `flip`) reads tap (r, s) at offset ((R-1-r) * dil_h, (S-1-s) * dil_w) from base lo =
+// pad - dil * (R-1). Rides on B's barrier arrival (B must be a TMA loader too).
+template <typename T, int BMN, int THREADS>
+struct TmaIm2col : Elems<T> {
+  static constexpr bool kKMajor = true;
+  static constexpr bool kTma = true;
+  using TileT = KMajorTile<BMN>;
+  static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
+  static_assert(sizeof(T) == 2, "im2col boxes of 64 16-bit channels");
+  struct Params {
+    CUtensorMap map;
+    int Q, PQ;                 // result pixels per row and per image
+    int stride_h, stride_w, lo_h, lo_w, dil_h, dil_w, R, S;
+    int cch;                   // channels per group
+    bool flip;
+  };
+
+  const Params& p;
+  int n, h, w, c0, tap, kc;  // the tile's first base pixel and group; the slice's tap, channel
+
+  __device__ __forceinline__ TmaIm2col(const Params& params, int mn0, int g, int kt0, int)
+      : p(params), c0(g * params.cch) {
+    n = mn0 / p.PQ;
+    const int pq = mn0 - n * p.PQ, row = pq / p.Q;
+    h = row * p.stride_h + p.lo_h;
+    w = (pq - row * p.Q) * p.stride_w + p.lo_w;
+    const int kk = kt0 * Elems<T>::kBK;
+    tap = kk / p.cch;
+    kc = kk - tap * p.cch;
+  }
+
+  // Thread 0 only, before B's load (whose arrival completes the slot's phase).
+  __device__ __forceinline__ void load(uint32_t tile, uint32_t bar) {
+    int r = tap / p.S, s = tap - r * p.S;
+    if (p.flip) {
+      r = p.R - 1 - r;
+      s = p.S - 1 - s;
+    }
+    mbar_expect_more(bar, kBytes);
+    tma_load_im2col(tile, &p.map, c0 + kc, w, h, n, uint16_t(s * p.dil_w), uint16_t(r * p.dil_h),
+                    bar);
+  }
+
+  __device__ __forceinline__ void next() {
+    kc += Elems<T>::kBK;
+    if (kc == p.cch) {
+      kc = 0;
+      ++tap;
+    }
+  }
+};
+
 }  // namespace jaxdnn::conv::gemm

@@ -285,10 +285,10 @@ wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
              int k_tiles, int per_split, int splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename ModeTraits<kMode>::T;
-  static_assert(!ALoader::kTma, "TMA for B only");
+  static_assert(!ALoader::kTma || BLoader::kTma, "a TMA A rides on B's barrier arrival");
   constexpr bool kTmaB = BLoader::kTma;
   extern __shared__ unsigned char smem[];
-  // B through TMA: one barrier per ring slot, completed by the slot's copy bytes; the k-th use
+  // B (and A) through TMA: one barrier per ring slot, completed by the slot's copy bytes; the k-th use
   // of slot s completes phase k % 2 (bit s of `phases` is the next one to wait for).
   __shared__ alignas(8) uint64_t bars[C::kStages];
   auto bar = [&](int s) { return smem_addr(&bars[s]); };
@@ -327,7 +327,11 @@ wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
       new (&b) BLoader(bp, pj.n0, pj.g, pj.kt0, tid);
     }
     if (pt < tiles) {
-      a.load(a_tile(fill_slot));
+      if constexpr (ALoader::kTma) {
+        if (tid == 0) a.load(a_tile(fill_slot), bar(fill_slot));
+      } else {
+        a.load(a_tile(fill_slot));
+      }
       if constexpr (kTmaB) {
         if (tid == 0) b.load(b_tile(fill_slot), bar(fill_slot));
       } else {

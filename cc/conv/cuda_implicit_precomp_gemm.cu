@@ -139,13 +139,125 @@ Status launch_mn_b(const Args& a, const typename AL::Params& ap,
       return launch<kMode, C, AL, BL>(a, ap, bp, result, r, ws, stream, name);
     }
   }
-  return launch<kMode, C, AL, PlainMn<T, C::BN, C::kThreads>>(a, ap, bm, result, r, ws, stream,
-                                                               name);
+  if constexpr (AL::kTma) {
+    return Status::Error("conv implicit_precomp_gemm: a TMA A needs a TMA B");  // im2col_tma
+  } else {
+    return launch<kMode, C, AL, PlainMn<T, C::BN, C::kThreads>>(a, ap, bm, result, r, ws,
+                                                                 stream, name);
+  }
+}
+
+// Whether A comes through TMA's im2col mode (TmaIm2col) instead of the table: 16-bit on
+// Hopper with B through TMA (tma_b; bwd_data: one group, Kg a multiple of 64, as
+// TmaWeightRows), a 2-D (or 1-D) filter, no lhs dilation, channels per group a multiple of
+// 64; fwd with strides up to 8, bwd_data stride 1; window corners and filter offsets within
+// the im2col mode's ranges for a 4-D tensor ([-128, 127] and [0, 255]).
+// JAXDNN_CONV_NO_IM2COL_TMA=1 keeps the table (benchmarks compare the two).
+struct Im2colView {
+  int lower[2], out[2], stride[2], size[2];
+  int64_t channels, rows;  // of the gathered tensor (x or dy); pixels per image
+};
+
+Im2colView im2col_view(const Args& a) {
+  const Problem& p = a.p;
+  Im2colView v;
+  const bool bwd = a.dir == Direction::kBwdData;
+  for (int i = 0; i < 2; ++i) {
+    const int ax = i + 1;
+    v.stride[i] = bwd ? 1 : int(p.stride[ax]);
+    v.lower[i] = bwd ? int(p.pad_lo[ax] - p.rhs_dil[ax] * (p.filt[ax] - 1)) : int(-p.pad_lo[ax]);
+    v.out[i] = int(bwd ? p.in[ax] : p.out[ax]);
+    v.size[i] = int(bwd ? p.out[ax] : p.in[ax]);
+  }
+  v.channels = bwd ? p.K : p.C;
+  v.rows = int64_t(v.out[0]) * v.out[1];
+  return v;
+}
+
+bool im2col_tma_applies(const Args& a) {
+  static const bool off = [] {
+    const char* e = std::getenv("JAXDNN_CONV_NO_IM2COL_TMA");
+    return e != nullptr && e[0] == '1';
+  }();
+  const Problem& p = a.p;
+  if (off || a.in == DType::kF32 || a.dir == Direction::kBwdFilter || !use_wgmma() || !tma_b(a))
+    return false;
+  if (p.in[0] != 1 || p.filt[0] != 1 || p.x_elems() >= (int64_t(1) << 31) ||
+      p.y_elems() >= (int64_t(1) << 31))
+    return false;
+  const bool bwd = a.dir == Direction::kBwdData;
+  const Im2colView v = im2col_view(a);
+  for (int i = 0; i < 2; ++i) {
+    const int ax = i + 1;
+    const int upper = v.lower[i] + (v.out[i] - 1) * v.stride[i] + 1 - v.size[i];
+    if (p.lhs_dil[ax] != 1 || p.stride[ax] > (bwd ? 1 : 8) || v.lower[i] < -128 ||
+        v.lower[i] > 127 || upper < -128 || upper > 127 ||
+        p.rhs_dil[ax] * (p.filt[ax] - 1) > 255)
+      return false;
+  }
+  return bwd ? p.G == 1 && p.Kg() % 64 == 0 : p.Cg() % 64 == 0;
+}
+
+template <Mode kMode>
+Status run_im2col_tma(const Args& a, const Buffers& b, cudaStream_t stream) {
+  using T = typename ModeTraits<kMode>::T;
+  if constexpr (sizeof(T) != 2) {
+    return Status::Error("conv implicit_precomp_gemm: im2col TMA takes 16-bit inputs");
+  } else {
+    const Problem& p = a.p;
+    const Shape s = shape_of(a);
+    const bool bwd = a.dir == Direction::kBwdData;
+    const Im2colView v = im2col_view(a);
+    return with_tile<kMode>(s.N, true, [&](auto tile) -> Status {
+      using C = decltype(tile);
+      if constexpr (!C::kWgmma) {
+        return Status::Error("conv implicit_precomp_gemm: im2col TMA runs on wgmma only");
+      } else {
+        using AL = TmaIm2col<T, C::BM, C::kThreads>;
+        typename AL::Params ap;
+        if (Status st = encode_tma_im2col(&ap.map, kMode == Mode::kF16, bwd ? b.y : b.x, p.N,
+                                          v.size[0], v.size[1], v.channels, v.lower, v.out,
+                                          v.stride, uint32_t(C::BM));
+            !st.ok())
+          return st;
+        ap.Q = v.out[1];
+        ap.PQ = int(v.rows);
+        ap.stride_h = v.stride[0];
+        ap.stride_w = v.stride[1];
+        ap.lo_h = v.lower[0];
+        ap.lo_w = v.lower[1];
+        ap.dil_h = int(p.rhs_dil[1]);
+        ap.dil_w = int(p.rhs_dil[2]);
+        ap.R = int(p.filt[1]);
+        ap.S = int(p.filt[2]);
+        ap.cch = int(bwd ? p.Kg() : p.Cg());
+        ap.flip = bwd;
+        if (!bwd) {
+          const MatrixParams<T> bp{static_cast<const T*>(b.w), a.p.K, int(s.Kd), int(s.N),
+                                   a.p.Kg()};
+          return launch_mn_b<kMode, C, AL>(a, ap, bp, a.p.K, b.result, Reduce::kNone, nullptr,
+                                           stream, "conv implicit_precomp_gemm fwd gemm_kernel");
+        }
+        using BL = TmaWeightRows<T, C::BN, C::kThreads>;
+        typename BL::Params bp;
+        if (Status st = encode_tma_2d(&bp.map, kMode == Mode::kF16, b.w,
+                                      uint64_t(p.filt_spatial() * p.C), uint64_t(p.K),
+                                      uint64_t(p.K), uint32_t(C::BN));
+            !st.ok())
+          return st;
+        bp.Cg = int(p.Cg());
+        bp.Kg = int(p.Kg());
+        return launch<kMode, C, AL, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
+                                        "conv implicit_precomp_gemm bwd_data gemm_kernel");
+      }
+    });
+  }
 }
 
 template <Mode kMode>
 Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
   using T = typename ModeTraits<kMode>::T;
+  if (im2col_tma_applies(a)) return run_im2col_tma<kMode>(a, b, stream);
   const Geo geo = make_geo(a.p);
   const Shape s = shape_of(a);
   const Direction dir = a.dir;

@@ -58,6 +58,45 @@ inline Status encode_tma_2d(CUtensorMap* map, bool f16, const void* base, uint64
   return encode_tma(map, f16, base, 2, dims, strides, box);
 }
 
+// x (N, H, W, C; 16-bit, C contiguous) as an im2col tensor map: a copy at base pixel (n, h, w)
+// and filter offset (r', s') loads `pixels` consecutive base pixels (w fastest, then h, then n;
+// stepping by the strides inside the window that starts at `lower` (h, w) and holds `out`
+// (h, w) positions per image) x 64 channels, each pixel read at (h + r', w + s'); pixels
+// outside x are zero-filled. Box rows are 128 bytes with the 128-byte swizzle: a k-major
+// operand tile.
+inline Status encode_tma_im2col(CUtensorMap* map, bool f16, const void* base, int64_t n,
+                                int64_t h, int64_t w, int64_t c, const int (&lower)[2],
+                                const int (&out)[2], const int (&stride)[2], uint32_t pixels) {
+  static const PFN_cuTensorMapEncodeIm2col_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeIm2col", &fn, 12000,
+                                         cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeIm2col_v12000>(fn);
+  }();
+  if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeIm2col unavailable");
+  // Innermost first: (c, w, h, n). The window of base pixels along an axis is
+  // [lower, size + upper): (out - 1) * stride + 1 positions.
+  const cuuint64_t dims[4] = {cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)};
+  const cuuint64_t strides[3] = {cuuint64_t(c) * 2, cuuint64_t(w * c) * 2,
+                                 cuuint64_t(h * w * c) * 2};
+  const int lo[2] = {lower[1], lower[0]};
+  const int up[2] = {lower[1] + (out[1] - 1) * stride[1] + 1 - int(w),
+                     lower[0] + (out[0] - 1) * stride[0] + 1 - int(h)};
+  const cuuint32_t elem_strides[4] = {1, cuuint32_t(stride[1]), cuuint32_t(stride[0]), 1};
+  const CUresult r =
+      encode(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+             const_cast<void*>(base), dims, strides, lo, up, 64, pixels, elem_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::Error("conv gemm: cuTensorMapEncodeIm2col failed (" + std::to_string(int(r)) +
+                         ")");
+  return Status::Ok();
+}
+
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -70,6 +109,15 @@ __device__ __forceinline__ void mbar_init_fence() {
 // The calling thread's arrival, announcing `bytes` that copies will complete on the barrier.
 __device__ __forceinline__ void mbar_expect_bytes(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// Announces `bytes` more that copies will complete on the barrier, without an arrival (a copy
+// that rides on another one's mbar_expect_bytes: issued before it, so that the phase cannot
+// complete in between).
+__device__ __forceinline__ void mbar_expect_more(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
+               "r"(bytes)
                : "memory");
 }
 
@@ -111,6 +159,19 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
       "{%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+// The im2col box of `map` (encode_tma_im2col) whose first base pixel is (n, h, w), channels
+// from c0, read at filter offset (r', s') = (off_h, off_w), as tma_load_2d.
+__device__ __forceinline__ void tma_load_im2col(uint32_t dst, const CUtensorMap* map, int c0,
+                                                int w, int h, int n, uint16_t off_w,
+                                                uint16_t off_h, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3, %4, %5}], [%6], {%7, %8};\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(w), "r"(h), "r"(n), "r"(bar),
+      "h"(off_w), "h"(off_h)
       : "memory");
 }
 
