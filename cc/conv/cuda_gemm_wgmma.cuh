@@ -61,15 +61,16 @@ struct WgTile {
   static_assert(BM % 64 == 0 && (BN == 64 || BN == 128), "tile shape");
 };
 
-// CTA tile of the warp-specialised kernel (wgmma_ws_kernel): a producer warpgroup (the
-// loaders' kThreads) and BM / 64 consumer warpgroups of 64 x BN; a ring of 5 slices and a
+// CTA tile of the warp-specialised kernel (wgmma_ws_kernel): two producer warpgroups (the
+// loaders' kThreads: one warp per scheduler could not issue the gathers fast enough) and
+// BM / 64 consumer warpgroups of 64 x BN; a ring of 5 slices and a
 // staging area of its own for the epilogue (float results: 64 x BN x 4 bytes per consumer),
 // 225 KB wide, 153 KB narrow: one CTA per SM.
 template <typename T, int BM_, int BN_>
 struct WsTile {
   static constexpr bool kWgmma = true, kWs = true;
   static constexpr int BM = BM_, BN = BN_, kStages = 5;
-  static constexpr int kThreads = 128;
+  static constexpr int kThreads = 256;
   static constexpr int kLaunchThreads = kThreads + 128 * (BM / 64);
   static constexpr int BK = Elems<T>::kBK;
   static constexpr int kStageBytes = (BM + BN) * kSliceBytes;
@@ -407,11 +408,11 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // addresses, cp.asyncs, barriers) at ~4.9 cycles each, 1384 cycles per slice against 512 of
 // tensor work, and issuing a slice's wgmmas before its loads made it slower (the wgmma issue
 // blocks while the tensor pipe is busy, delaying the loads). Here the roles are split:
-//   producer (warpgroup 0, the loaders' 128 threads): for each slice q of the CTA's stream,
+//   producers (warpgroups 0 and 1, the loaders' 256 threads): for each slice q of the CTA's stream,
 //     wait until its ring slot is empty (the consumers released slice q - kStages), issue its
 //     cp.asyncs (and thread 0 its TMA boxes on full[slot]); once the cp.asyncs of slice q - 2
 //     have landed, fence them into the async proxy and arrive on that slice's full barrier.
-//   consumers (warpgroups 1..BM/64, 64 rows each): wait for full[slot], issue the slice's
+//   consumers (the next BM / 64 warpgroups, 64 rows each): wait for full[slot], issue the slice's
 //     wgmmas, wait for the previous slice's (wait_group 1) and release its slot (one arrival
 //     per warp on empty[slot]); after a tile, drain and store through their own staging rows.
 // So the loads of later slices (and tiles) run while the consumers issue nothing but wgmmas
@@ -447,7 +448,8 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
   const int tiles = tiles_m * tiles_n * epi.groups * splits;
   auto job = [&](int t) { return tile_job<C>(t, tiles_m, tiles_n, splits, k_tiles, per_split); };
 
-  if (wg == 0) {  // producer; the loaders index their chunks by threadIdx.x < 128
+  constexpr int kProducerWgs = C::kThreads / 128;
+  if (wg < kProducerWgs) {  // producers; the loaders index their chunks by threadIdx.x
     int q = 0;    // slices issued so far
     auto signal = [&](int done) {  // slice `done`'s cp.asyncs have landed (this thread's)
       fence_proxy_async();
@@ -478,7 +480,7 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
     cp_async_wait<0>();
     for (int done = q > kLag ? q - kLag : 0; done < q; ++done) signal(done);
   } else {  // consumer warpgroup cw: rows 64 cw.. of each tile
-    const int cw = wg - 1, ct = tid & 127, lane = tid & 31, wq = ct >> 5;
+    const int cw = wg - kProducerWgs, ct = tid & 127, lane = tid & 31, wq = ct >> 5;
     const uint32_t a_wg = uint32_t(cw * 64 * kSliceBytes);
     unsigned char* stg = smem + (base - smem_addr(smem)) + S * C::kStageBytes + cw * 64 * C::BN * 4;
     float acc[C::BN / 2];
