@@ -45,6 +45,8 @@ template <typename T> using TileNarrow = Tile<T, 128, 64, 64, 32, 3>;
 template <typename T> using TileWide = Tile<T, 128, 128, 64, 64, 3>;
 template <typename T> using WgTileNarrow = WgTile<T, 128, 64>;
 template <typename T> using WgTileWide = WgTile<T, 128, 128>;
+template <typename T> using WsTileNarrow = WsTile<T, 128, 64>;
+template <typename T> using WsTileWide = WsTile<T, 128, 128>;
 
 constexpr int kTileM = 128;
 inline int tile_n(int64_t N) { return N <= 64 ? 64 : 128; }
@@ -66,6 +68,15 @@ inline bool use_wgmma() {
   return major == 9 && minor == 0;
 }
 
+// The warp-specialised wgmma kernel, unless JAXDNN_CONV_NO_WS=1 (benchmarks compare the two).
+inline bool use_ws() {
+  static const bool off = [] {
+    const char* e = std::getenv("JAXDNN_CONV_NO_WS");
+    return e != nullptr && e[0] == '1';
+  }();
+  return !off;
+}
+
 // Whether a GEMM of mode kMode (not 3xTF32) runs on wgmma; `k_major` says that both of its
 // operand loaders are k-major (TF32 needs it).
 template <Mode kMode>
@@ -79,6 +90,10 @@ Status with_tile(int64_t N, bool k_major, Fn&& fn) {
   using T = typename ModeTraits<kMode>::T;
   if constexpr (kMode != Mode::k3xTf32) {
     if (wgmma_mode<kMode>(k_major)) {
+      if (use_ws()) {
+        if (N <= 64) return fn(WsTileNarrow<T>{});
+        return fn(WsTileWide<T>{});
+      }
       if (N <= 64) return fn(WgTileNarrow<T>{});
       return fn(WgTileWide<T>{});
     }
@@ -271,6 +286,13 @@ Status allow_smem(Kernel kernel, int bytes, const char* name) {
   return Status::Ok();
 }
 
+// The wgmma kernel of tile C: warp-specialised (WsTile) or not (WgTile).
+template <Mode kMode, typename C, typename AL, typename BL>
+constexpr auto wgmma_entry() {
+  if constexpr (C::kWs) return wgmma_ws_kernel<kMode, C, AL, BL>;
+  else return wgmma_kernel<kMode, C, AL, BL>;
+}
+
 // Launches one GEMM with loaders AL, BL and the result path `r`; `ws` is the reduction's
 // workspace (reduce_workspace bytes). `kd` overrides the reduction length (a padded one).
 template <Mode kMode, typename C, typename AL, typename BL>
@@ -292,13 +314,14 @@ Status launch(const Args& a, const typename AL::Params& ap, const typename BL::P
     return Status::Error("conv gemm: TF32 on wgmma needs k-major operands");  // see with_tile
   } else if constexpr (C::kWgmma) {
     // Persistent: as many CTAs as fit (one wave), each running a strided share of the tiles.
-    constexpr auto kernel = wgmma_kernel<kMode, C, AL, BL>;
+    constexpr auto kernel = wgmma_entry<kMode, C, AL, BL>();
     if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;
     const int64_t tiles = int64_t(tiles_m) * tiles_n * a.p.G * run.splits;
     if (tiles == 0) return Status::Ok();
-    kernel<<<cuda::resident_grid<kernel, C::kThreads>(tiles, C::kSmemBytes), C::kThreads,
-             C::kSmemBytes, stream>>>(ap, bp, epi, int(s.M), int(s.N), int(slices),
-                                      int(run.per_split), int(run.splits));
+    kernel<<<cuda::resident_grid<kernel, C::kLaunchThreads>(tiles, C::kSmemBytes),
+             C::kLaunchThreads, C::kSmemBytes, stream>>>(ap, bp, epi, int(s.M), int(s.N),
+                                                         int(slices), int(run.per_split),
+                                                         int(run.splits));
   } else {
     auto kernel = gemm_kernel<kMode, C, AL, BL>;
     if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;

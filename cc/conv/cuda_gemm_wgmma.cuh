@@ -50,12 +50,32 @@ namespace jaxdnn::conv::gemm {
 // transposed form for 32-bit inputs).
 template <typename T, int BM_, int BN_>
 struct WgTile {
-  static constexpr bool kWgmma = true;
+  static constexpr bool kWgmma = true, kWs = false;
   static constexpr int BM = BM_, BN = BN_, kStages = 4;
   static constexpr int kThreads = 128 * (BM / 64);
+  static constexpr int kLaunchThreads = kThreads;
   static constexpr int BK = Elems<T>::kBK;
   static constexpr int kStageBytes = (BM + BN) * kSliceBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "wgmma path: 16-bit or TF32 inputs");
+  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128), "tile shape");
+};
+
+// CTA tile of the warp-specialised kernel (wgmma_ws_kernel): two producer warpgroups (the
+// loaders' kThreads: one warp per scheduler could not issue the gathers fast enough) and
+// BM / 64 consumer warpgroups of 64 x BN; a ring of 5 slices and a
+// staging area of its own for the epilogue (float results: 64 x BN x 4 bytes per consumer),
+// 225 KB wide, 153 KB narrow: one CTA per SM.
+template <typename T, int BM_, int BN_>
+struct WsTile {
+  static constexpr bool kWgmma = true, kWs = true;
+  static constexpr int BM = BM_, BN = BN_, kStages = 5;
+  static constexpr int kThreads = 256;
+  static constexpr int kLaunchThreads = kThreads + 128 * (BM / 64);
+  static constexpr int BK = Elems<T>::kBK;
+  static constexpr int kStageBytes = (BM + BN) * kSliceBytes;
+  static constexpr int kStagingBytes = BM * BN * 4;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "wgmma path: 16-bit or TF32 inputs");
   static_assert(BM % 64 == 0 && (BN == 64 || BN == 128), "tile shape");
 };
@@ -379,6 +399,117 @@ wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
     store_tile<T, C::BN>(epi, acc, stg, M, N, j, wg * 64, wq, lane, tid & 127, wg);
   }
   cp_async_wait<0>();
+#endif
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// The warp-specialised form of wgmma_kernel (same loaders, tiles, descriptors and epilogue).
+// In wgmma_kernel every thread both gathers and issues wgmmas, two warps per scheduler: ncu on
+// ResNet's l2 3x3 forward shows ~270 issued instructions per warp and k-slice (table lookups,
+// addresses, cp.asyncs, barriers) at ~4.9 cycles each, 1384 cycles per slice against 512 of
+// tensor work, and issuing a slice's wgmmas before its loads made it slower (the wgmma issue
+// blocks while the tensor pipe is busy, delaying the loads). Here the roles are split:
+//   producers (warpgroups 0 and 1, the loaders' 256 threads): for each slice q of the CTA's stream,
+//     wait until its ring slot is empty (the consumers released slice q - kStages), issue its
+//     cp.asyncs (and thread 0 its TMA boxes on full[slot]); once the cp.asyncs of slice q - 2
+//     have landed, fence them into the async proxy and arrive on that slice's full barrier.
+//   consumers (the next BM / 64 warpgroups, 64 rows each): wait for full[slot], issue the slice's
+//     wgmmas, wait for the previous slice's (wait_group 1) and release its slot (one arrival
+//     per warp on empty[slot]); after a tile, drain and store through their own staging rows.
+// So the loads of later slices (and tiles) run while the consumers issue nothing but wgmmas
+// and barrier waits, and a tile's epilogue overlaps the next tile's loads.
+template <Mode kMode, typename C, typename ALoader, typename BLoader>
+__global__ void __launch_bounds__(C::kLaunchThreads, 1)
+wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
+                const __grid_constant__ typename BLoader::Params bp, Epilogue epi, int M, int N,
+                int k_tiles, int per_split, int splits) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = typename ModeTraits<kMode>::T;
+  static_assert(!ALoader::kTma, "TMA for B only");
+  constexpr bool kTmaB = BLoader::kTma;
+  constexpr int S = C::kStages, kLag = 2;  // slices whose cp.asyncs may still be in flight
+  static_assert(kLag <= S - 2, "a consumer releases slice q once slice q + 1 is full");
+  extern __shared__ unsigned char smem[];
+  __shared__ alignas(8) uint64_t full[S], empty[S];
+  auto full_bar = [&](int s) { return smem_addr(&full[s]); };
+  auto empty_bar = [&](int s) { return smem_addr(&empty[s]); };
+  const int tid = threadIdx.x, wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full_bar(s), C::kThreads + (kTmaB ? 1 : 0));  // + thread 0's expect_tx
+      mbar_init(empty_bar(s), 4 * (C::BM / 64));              // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
+  auto a_tile = [&](int s) { return base + uint32_t(s * C::kStageBytes); };
+  auto b_tile = [&](int s) { return base + uint32_t(s * C::kStageBytes + C::BM * kSliceBytes); };
+  const int tiles_m = (M + C::BM - 1) / C::BM, tiles_n = (N + C::BN - 1) / C::BN;
+  const int tiles = tiles_m * tiles_n * epi.groups * splits;
+  auto job = [&](int t) { return tile_job<C>(t, tiles_m, tiles_n, splits, k_tiles, per_split); };
+
+  constexpr int kProducerWgs = C::kThreads / 128;
+  if (wg < kProducerWgs) {  // producers; the loaders index their chunks by threadIdx.x
+    int q = 0;    // slices issued so far
+    auto signal = [&](int done) {  // slice `done`'s cp.asyncs have landed (this thread's)
+      fence_proxy_async();
+      mbar_arrive(full_bar(done % S));
+    };
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const TileJob j = job(t);
+      ALoader a(ap, j.m0, j.g, j.kt0, tid);
+      BLoader b(bp, j.n0, j.g, j.kt0, tid);
+      for (int kt = 0; kt < j.nk; ++kt, ++q) {
+        const int s = q % S;
+        if (q >= S) mbar_wait(empty_bar(s), (q / S - 1) & 1);
+        a.load(a_tile(s));
+        if constexpr (kTmaB) {
+          if (tid == 0) b.load(b_tile(s), full_bar(s));
+        } else {
+          b.load(b_tile(s));
+        }
+        cp_async_commit();
+        a.next();
+        b.next();
+        if (q >= kLag) {
+          cp_async_wait<kLag>();
+          signal(q - kLag);
+        }
+      }
+    }
+    cp_async_wait<0>();
+    for (int done = q > kLag ? q - kLag : 0; done < q; ++done) signal(done);
+  } else {  // consumer warpgroup cw: rows 64 cw.. of each tile
+    const int cw = wg - kProducerWgs, ct = tid & 127, lane = tid & 31, wq = ct >> 5;
+    const uint32_t a_wg = uint32_t(cw * 64 * kSliceBytes);
+    unsigned char* stg = smem + (base - smem_addr(smem)) + S * C::kStageBytes + cw * 64 * C::BN * 4;
+    float acc[C::BN / 2];
+    int q = 0;  // slices consumed so far
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const TileJob j = job(t);
+#pragma unroll
+      for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.f;
+      for (int kt = 0; kt < j.nk; ++kt, ++q) {
+        const int s = q % S;
+        mbar_wait(full_bar(s), (q / S) & 1);
+        const uint32_t at = a_tile(s) + a_wg, bt = b_tile(s);
+        mma_slice<C::BN, kMode, !ALoader::kKMajor, !BLoader::kKMajor>(
+            acc, [&](int ks) { return operand_desc<ALoader::kKMajor>(at, ks); },
+            [&](int ks) { return operand_desc<BLoader::kKMajor>(bt, ks); });
+        if (kt > 0 && lane == 0) mbar_arrive(empty_bar((q - 1) % S));  // slice q - 1 retired
+      }
+      wgmma_wait<0>();
+      if (j.nk > 0 && lane == 0) mbar_arrive(empty_bar((q - 1) % S));
+      store_tile<T, C::BN>(epi, acc, stg, M, N, j, cw * 64, wq, lane, ct, cw);
+      // The staging rows are read back by other threads of the warpgroup: all done before the
+      // next tile's fragments overwrite them.
+      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+    }
+  }
 #endif
 }
 
