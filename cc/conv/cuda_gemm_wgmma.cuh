@@ -428,8 +428,11 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
                 int k_tiles, int per_split, int splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename ModeTraits<kMode>::T;
-  static_assert(!ALoader::kTma, "TMA for B only");
+  static_assert(!ALoader::kTma || BLoader::kTma, "a TMA A rides on B's barrier arrival");
   constexpr bool kTmaB = BLoader::kTma;
+  // Both operands by TMA: thread 0 alone produces, and B's arrive.expect_tx is the only
+  // arrival on a full barrier.
+  constexpr bool kAllTma = ALoader::kTma && kTmaB;
   constexpr int S = C::kStages, kLag = 2;  // slices whose cp.asyncs may still be in flight
   static_assert(kLag <= S - 2, "a consumer releases slice q once slice q + 1 is full");
   extern __shared__ unsigned char smem[];
@@ -439,7 +442,7 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
   const int tid = threadIdx.x, wg = tid >> 7;
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full_bar(s), C::kThreads + (kTmaB ? 1 : 0));  // + thread 0's expect_tx
+      mbar_init(full_bar(s), kAllTma ? 1 : C::kThreads + (kTmaB ? 1 : 0));  // + expect_tx
       mbar_init(empty_bar(s), 4 * (C::BM / 64));              // one arrival per consumer warp
     }
     mbar_init_fence();
@@ -454,6 +457,7 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
 
   constexpr int kProducerWgs = C::kThreads / 128;
   if (wg < kProducerWgs) {  // producers; the loaders index their chunks by threadIdx.x
+    if (kAllTma && tid != 0) return;
     int q = 0;    // slices issued so far
     auto signal = [&](int done) {  // slice `done`'s cp.asyncs have landed (this thread's)
       fence_proxy_async();
@@ -466,23 +470,31 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
       for (int kt = 0; kt < j.nk; ++kt, ++q) {
         const int s = q % S;
         if (q >= S) mbar_wait(empty_bar(s), (q / S - 1) & 1);
-        a.load(a_tile(s));
+        if constexpr (ALoader::kTma) {
+          a.load(a_tile(s), full_bar(s));  // thread 0 (kAllTma), before B's arrival
+        } else {
+          a.load(a_tile(s));
+        }
         if constexpr (kTmaB) {
           if (tid == 0) b.load(b_tile(s), full_bar(s));
         } else {
           b.load(b_tile(s));
         }
-        cp_async_commit();
         a.next();
         b.next();
-        if (q >= kLag) {
-          cp_async_wait<kLag>();
-          signal(q - kLag);
+        if constexpr (!kAllTma) {
+          cp_async_commit();
+          if (q >= kLag) {
+            cp_async_wait<kLag>();
+            signal(q - kLag);
+          }
         }
       }
     }
-    cp_async_wait<0>();
-    for (int done = q > kLag ? q - kLag : 0; done < q; ++done) signal(done);
+    if constexpr (!kAllTma) {
+      cp_async_wait<0>();
+      for (int done = q > kLag ? q - kLag : 0; done < q; ++done) signal(done);
+    }
   } else {  // consumer warpgroup cw: rows 64 cw.. of each tile
     const int cw = wg - kProducerWgs, ct = tid & 127, lane = tid & 31, wq = ct >> 5;
     const uint32_t a_wg = uint32_t(cw * 64 * kSliceBytes);
