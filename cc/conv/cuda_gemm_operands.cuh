@@ -52,6 +52,23 @@ struct TapCursor {
   }
 };
 
+// The slice cursor of the TMA loaders whose slices are one tap each (per_tap a multiple of
+// the slice): k = tap * per_tap + kc.
+struct SliceTap {
+  int tap, kc;
+  __device__ __forceinline__ void set(int kk, int per_tap) {
+    tap = kk / per_tap;
+    kc = kk - tap * per_tap;
+  }
+  __device__ __forceinline__ void advance(int step, int per_tap) {
+    kc += step;
+    if (kc == per_tap) {
+      kc = 0;
+      ++tap;
+    }
+  }
+};
+
 // Position of pixel j = ((n * D0 + d) * D1 + h) * D2 + w over dims `dims`.
 struct PixelCursor {
   int n, d, h, w;
@@ -389,28 +406,21 @@ struct TmaWeightRows : Elems<T> {
   };
 
   const Params& p;
-  int c0, tap, kc;  // the tile's first row; the current slice's tap and first column
+  int c0;     // the tile's first row
+  SliceTap k;  // the current slice's tap and first column
 
   __device__ __forceinline__ TmaWeightRows(const Params& params, int mn0, int, int kt0, int)
       : p(params), c0(mn0) {
-    const int kk = kt0 * Elems<T>::kBK;
-    tap = kk / p.Kg;
-    kc = kk - tap * p.Kg;
+    k.set(kt0 * Elems<T>::kBK, p.Kg);
   }
 
   // Thread 0 only: announces the slice's bytes on `bar` and issues its box.
   __device__ __forceinline__ void load(uint32_t tile, uint32_t bar) {
     mbar_expect_bytes(bar, kBytes);
-    tma_load_2d(tile, &p.map, kc, tap * p.Cg + c0, bar);
+    tma_load_2d(tile, &p.map, k.kc, k.tap * p.Cg + c0, bar);
   }
 
-  __device__ __forceinline__ void next() {
-    kc += Elems<T>::kBK;
-    if (kc == p.Kg) {
-      kc = 0;
-      ++tap;
-    }
-  }
+  __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, p.Kg); }
 };
 
 // A of implicit_precomp_gemm's 2-D forward and stride-1 bwd_data on Hopper, through TMA's
@@ -437,7 +447,8 @@ struct TmaIm2col : Elems<T> {
   };
 
   const Params& p;
-  int n, h, w, c0, tap, kc;  // the tile's first base pixel and group; the slice's tap, channel
+  int n, h, w, c0;  // the tile's first base pixel; the group's first channel
+  SliceTap k;       // the current slice's tap and channel
 
   __device__ __forceinline__ TmaIm2col(const Params& params, int mn0, int g, int kt0, int)
       : p(params), c0(g * params.cch) {
@@ -445,30 +456,22 @@ struct TmaIm2col : Elems<T> {
     const int pq = mn0 - n * p.PQ, row = pq / p.Q;
     h = row * p.stride_h + p.lo_h;
     w = (pq - row * p.Q) * p.stride_w + p.lo_w;
-    const int kk = kt0 * Elems<T>::kBK;
-    tap = kk / p.cch;
-    kc = kk - tap * p.cch;
+    k.set(kt0 * Elems<T>::kBK, p.cch);
   }
 
   // Thread 0 only, before B's load (whose arrival completes the slot's phase).
   __device__ __forceinline__ void load(uint32_t tile, uint32_t bar) {
-    int r = tap / p.S, s = tap - r * p.S;
+    int r = k.tap / p.S, s = k.tap - r * p.S;
     if (p.flip) {
       r = p.R - 1 - r;
       s = p.S - 1 - s;
     }
     mbar_expect_more(bar, kBytes);
-    tma_load_im2col(tile, &p.map, c0 + kc, w, h, n, uint16_t(s * p.dil_w), uint16_t(r * p.dil_h),
-                    bar);
+    tma_load_im2col(tile, &p.map, c0 + k.kc, w, h, n, uint16_t(s * p.dil_w),
+                    uint16_t(r * p.dil_h), bar);
   }
 
-  __device__ __forceinline__ void next() {
-    kc += Elems<T>::kBK;
-    if (kc == p.cch) {
-      kc = 0;
-      ++tap;
-    }
-  }
+  __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, p.cch); }
 };
 
 }  // namespace jaxdnn::conv::gemm

@@ -21,21 +21,26 @@
 
 namespace jaxdnn::conv::gemm {
 
+// A driver entry point (PFN: its cudaTypedefs.h type), looked up through the runtime once per
+// call site; null if the driver lacks it.
+template <typename PFN>
+PFN driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<PFN>(fn);
+}
+
 // A tensor of 16-bit elements as a tensor map of `rank` dimensions (innermost first; dims[0]
 // contiguous, strides[i] = bytes between consecutive indices of dimension i + 1), read in
 // boxes of box[0..rank) elements with the 128-byte swizzle (box[0] = 64: one 128-byte row).
 inline Status encode_tma(CUtensorMap* map, bool f16, const void* base, int rank,
                          const cuuint64_t* dims, const cuuint64_t* strides,
                          const cuuint32_t* box) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  static const auto encode =
+      driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
   if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeTiled unavailable");
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = encode(
@@ -67,15 +72,8 @@ inline Status encode_tma_2d(CUtensorMap* map, bool f16, const void* base, uint64
 inline Status encode_tma_im2col(CUtensorMap* map, bool f16, const void* base, int64_t n,
                                 int64_t h, int64_t w, int64_t c, const int (&lower)[2],
                                 const int (&out)[2], const int (&stride)[2], uint32_t pixels) {
-  static const PFN_cuTensorMapEncodeIm2col_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeIm2col", &fn, 12000,
-                                         cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeIm2col_v12000>(fn);
-  }();
+  static const auto encode =
+      driver_entry<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
   if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeIm2col unavailable");
   // Innermost first: (c, w, h, n). The window of base pixels along an axis is
   // [lower, size + upper): (out - 1) * stride + 1 positions.
