@@ -389,17 +389,23 @@ struct TmaMn : Elems<T> {
   __device__ __forceinline__ void next() { r0 += Elems<T>::kBK; }
 };
 
+// What the k-major TMA loaders share: a slice is one box of BMN rows x 128 bytes, 16-bit.
+template <typename T, int BMN>
+struct TmaKMajor : Elems<T> {
+  static constexpr bool kKMajor = true;
+  static constexpr bool kTma = true;
+  using TileT = KMajorTile<BMN>;
+  static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
+  static_assert(sizeof(T) == 2, "TMA boxes of 64 16-bit elements per row");
+};
+
 // WeightRows through TMA (one group, Kg a multiple of the 64-element slice, so that a slice is
 // one tap): w as the (taps * Cg) x K row-major matrix, slice (tap, kc) of the tile at rows
 // c0.. is the k-major box {64 columns at kc, BMN rows at tap * Cg + c0}. Rows past Cg read
 // the next tap's (or, past the tensor, zeros) into columns of the GEMM that are not stored.
 template <typename T, int BMN, int THREADS>
-struct TmaWeightRows : Elems<T> {
-  static constexpr bool kKMajor = true;
-  static constexpr bool kTma = true;
-  using TileT = KMajorTile<BMN>;
-  static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
-  static_assert(sizeof(T) == 2, "TMA boxes of 64 16-bit columns");
+struct TmaWeightRows : TmaKMajor<T, BMN> {
+  using TmaKMajor<T, BMN>::kBytes;
   struct Params {
     CUtensorMap map;  // {K, taps * Cg}, boxes {64, BMN}
     int Cg, Kg;
@@ -432,12 +438,8 @@ struct TmaWeightRows : Elems<T> {
 // `flip`) reads tap (r, s) at offset ((R-1-r) * dil_h, (S-1-s) * dil_w) from base lo =
 // pad - dil * (R-1). Rides on B's barrier arrival (B must be a TMA loader too).
 template <typename T, int BMN, int THREADS>
-struct TmaIm2col : Elems<T> {
-  static constexpr bool kKMajor = true;
-  static constexpr bool kTma = true;
-  using TileT = KMajorTile<BMN>;
-  static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
-  static_assert(sizeof(T) == 2, "im2col boxes of 64 16-bit channels");
+struct TmaIm2col : TmaKMajor<T, BMN> {
+  using TmaKMajor<T, BMN>::kBytes;
   struct Params {
     CUtensorMap map;
     int Q, PQ;                 // result pixels per row and per image

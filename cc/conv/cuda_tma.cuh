@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cc/common/status.h"
 
@@ -33,6 +34,12 @@ PFN driver_entry(const char* name) {
   return reinterpret_cast<PFN>(fn);
 }
 
+inline Status encode_status(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return Status::Ok();
+  return Status::Error(std::string("conv gemm: ") + what + " failed (" + std::to_string(int(r)) +
+                       ")");
+}
+
 // A tensor of 16-bit elements as a tensor map of `rank` dimensions (innermost first; dims[0]
 // contiguous, strides[i] = bytes between consecutive indices of dimension i + 1), read in
 // boxes of box[0..rank) elements with the 128-byte swizzle (box[0] = 64: one 128-byte row).
@@ -43,15 +50,12 @@ inline Status encode_tma(CUtensorMap* map, bool f16, const void* base, int rank,
       driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
   if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeTiled unavailable");
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  const CUresult r = encode(
-      map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-      cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, elem_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status::Error("conv gemm: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) +
-                         ")");
-  return Status::Ok();
+  return encode_status(
+      encode(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, elem_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      "cuTensorMapEncodeTiled");
 }
 
 // A rows x cols row-major matrix (row stride `ld` elements) in boxes of box_rows x 64.
@@ -84,15 +88,12 @@ inline Status encode_tma_im2col(CUtensorMap* map, bool f16, const void* base, in
   const int up[2] = {lower[1] + (out[1] - 1) * stride[1] + 1 - int(w),
                      lower[0] + (out[0] - 1) * stride[0] + 1 - int(h)};
   const cuuint32_t elem_strides[4] = {1, cuuint32_t(stride[1]), cuuint32_t(stride[0]), 1};
-  const CUresult r =
+  return encode_status(
       encode(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
              const_cast<void*>(base), dims, strides, lo, up, 64, pixels, elem_strides,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status::Error("conv gemm: cuTensorMapEncodeIm2col failed (" + std::to_string(int(r)) +
-                         ")");
-  return Status::Ok();
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      "cuTensorMapEncodeIm2col");
 }
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
