@@ -52,6 +52,23 @@ struct TapCursor {
   }
 };
 
+// The slice cursor of the TMA loaders whose slices are one tap each (per_tap a multiple of
+// the slice): k = tap * per_tap + kc.
+struct SliceTap {
+  int tap, kc;
+  __device__ __forceinline__ void set(int kk, int per_tap) {
+    tap = kk / per_tap;
+    kc = kk - tap * per_tap;
+  }
+  __device__ __forceinline__ void advance(int step, int per_tap) {
+    kc += step;
+    if (kc == per_tap) {
+      kc = 0;
+      ++tap;
+    }
+  }
+};
+
 // Position of pixel j = ((n * D0 + d) * D1 + h) * D2 + w over dims `dims`.
 struct PixelCursor {
   int n, d, h, w;
@@ -372,45 +389,44 @@ struct TmaMn : Elems<T> {
   __device__ __forceinline__ void next() { r0 += Elems<T>::kBK; }
 };
 
+// What the k-major TMA loaders share: a slice is one box of BMN rows x 128 bytes, 16-bit.
+template <typename T, int BMN>
+struct TmaKMajor : Elems<T> {
+  static constexpr bool kKMajor = true;
+  static constexpr bool kTma = true;
+  using TileT = KMajorTile<BMN>;
+  static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
+  static_assert(sizeof(T) == 2, "TMA boxes of 64 16-bit elements per row");
+};
+
 // WeightRows through TMA (one group, Kg a multiple of the 64-element slice, so that a slice is
 // one tap): w as the (taps * Cg) x K row-major matrix, slice (tap, kc) of the tile at rows
 // c0.. is the k-major box {64 columns at kc, BMN rows at tap * Cg + c0}. Rows past Cg read
 // the next tap's (or, past the tensor, zeros) into columns of the GEMM that are not stored.
 template <typename T, int BMN, int THREADS>
-struct TmaWeightRows : Elems<T> {
-  static constexpr bool kKMajor = true;
-  static constexpr bool kTma = true;
-  using TileT = KMajorTile<BMN>;
-  static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
-  static_assert(sizeof(T) == 2, "TMA boxes of 64 16-bit columns");
+struct TmaWeightRows : TmaKMajor<T, BMN> {
+  using TmaKMajor<T, BMN>::kBytes;
   struct Params {
     CUtensorMap map;  // {K, taps * Cg}, boxes {64, BMN}
     int Cg, Kg;
   };
 
   const Params& p;
-  int c0, tap, kc;  // the tile's first row; the current slice's tap and first column
+  int c0;     // the tile's first row
+  SliceTap k;  // the current slice's tap and first column
 
   __device__ __forceinline__ TmaWeightRows(const Params& params, int mn0, int, int kt0, int)
       : p(params), c0(mn0) {
-    const int kk = kt0 * Elems<T>::kBK;
-    tap = kk / p.Kg;
-    kc = kk - tap * p.Kg;
+    k.set(kt0 * Elems<T>::kBK, p.Kg);
   }
 
   // Thread 0 only: announces the slice's bytes on `bar` and issues its box.
   __device__ __forceinline__ void load(uint32_t tile, uint32_t bar) {
     mbar_expect_bytes(bar, kBytes);
-    tma_load_2d(tile, &p.map, kc, tap * p.Cg + c0, bar);
+    tma_load_2d(tile, &p.map, k.kc, k.tap * p.Cg + c0, bar);
   }
 
-  __device__ __forceinline__ void next() {
-    kc += Elems<T>::kBK;
-    if (kc == p.Kg) {
-      kc = 0;
-      ++tap;
-    }
-  }
+  __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, p.Kg); }
 };
 
 // A of implicit_precomp_gemm's 2-D forward and stride-1 bwd_data on Hopper, through TMA's
@@ -422,12 +438,8 @@ struct TmaWeightRows : Elems<T> {
 // `flip`) reads tap (r, s) at offset ((R-1-r) * dil_h, (S-1-s) * dil_w) from base lo =
 // pad - dil * (R-1). Rides on B's barrier arrival (B must be a TMA loader too).
 template <typename T, int BMN, int THREADS>
-struct TmaIm2col : Elems<T> {
-  static constexpr bool kKMajor = true;
-  static constexpr bool kTma = true;
-  using TileT = KMajorTile<BMN>;
-  static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
-  static_assert(sizeof(T) == 2, "im2col boxes of 64 16-bit channels");
+struct TmaIm2col : TmaKMajor<T, BMN> {
+  using TmaKMajor<T, BMN>::kBytes;
   struct Params {
     CUtensorMap map;
     int Q, PQ;                 // result pixels per row and per image
@@ -437,7 +449,8 @@ struct TmaIm2col : Elems<T> {
   };
 
   const Params& p;
-  int n, h, w, c0, tap, kc;  // the tile's first base pixel and group; the slice's tap, channel
+  int n, h, w, c0;  // the tile's first base pixel; the group's first channel
+  SliceTap k;       // the current slice's tap and channel
 
   __device__ __forceinline__ TmaIm2col(const Params& params, int mn0, int g, int kt0, int)
       : p(params), c0(g * params.cch) {
@@ -445,30 +458,22 @@ struct TmaIm2col : Elems<T> {
     const int pq = mn0 - n * p.PQ, row = pq / p.Q;
     h = row * p.stride_h + p.lo_h;
     w = (pq - row * p.Q) * p.stride_w + p.lo_w;
-    const int kk = kt0 * Elems<T>::kBK;
-    tap = kk / p.cch;
-    kc = kk - tap * p.cch;
+    k.set(kt0 * Elems<T>::kBK, p.cch);
   }
 
   // Thread 0 only, before B's load (whose arrival completes the slot's phase).
   __device__ __forceinline__ void load(uint32_t tile, uint32_t bar) {
-    int r = tap / p.S, s = tap - r * p.S;
+    int r = k.tap / p.S, s = k.tap - r * p.S;
     if (p.flip) {
       r = p.R - 1 - r;
       s = p.S - 1 - s;
     }
     mbar_expect_more(bar, kBytes);
-    tma_load_im2col(tile, &p.map, c0 + kc, w, h, n, uint16_t(s * p.dil_w), uint16_t(r * p.dil_h),
-                    bar);
+    tma_load_im2col(tile, &p.map, c0 + k.kc, w, h, n, uint16_t(s * p.dil_w),
+                    uint16_t(r * p.dil_h), bar);
   }
 
-  __device__ __forceinline__ void next() {
-    kc += Elems<T>::kBK;
-    if (kc == p.cch) {
-      kc = 0;
-      ++tap;
-    }
-  }
+  __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, p.cch); }
 };
 
 }  // namespace jaxdnn::conv::gemm

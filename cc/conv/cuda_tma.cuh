@@ -16,10 +16,29 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cc/common/status.h"
 
 namespace jaxdnn::conv::gemm {
+
+// A driver entry point (PFN: its cudaTypedefs.h type), looked up through the runtime once per
+// call site; null if the driver lacks it.
+template <typename PFN>
+PFN driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<PFN>(fn);
+}
+
+inline Status encode_status(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return Status::Ok();
+  return Status::Error(std::string("conv gemm: ") + what + " failed (" + std::to_string(int(r)) +
+                       ")");
+}
 
 // A tensor of 16-bit elements as a tensor map of `rank` dimensions (innermost first; dims[0]
 // contiguous, strides[i] = bytes between consecutive indices of dimension i + 1), read in
@@ -27,26 +46,16 @@ namespace jaxdnn::conv::gemm {
 inline Status encode_tma(CUtensorMap* map, bool f16, const void* base, int rank,
                          const cuuint64_t* dims, const cuuint64_t* strides,
                          const cuuint32_t* box) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  static const auto encode =
+      driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
   if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeTiled unavailable");
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  const CUresult r = encode(
-      map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-      cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, elem_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status::Error("conv gemm: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) +
-                         ")");
-  return Status::Ok();
+  return encode_status(
+      encode(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, elem_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      "cuTensorMapEncodeTiled");
 }
 
 // A rows x cols row-major matrix (row stride `ld` elements) in boxes of box_rows x 64.
@@ -67,15 +76,8 @@ inline Status encode_tma_2d(CUtensorMap* map, bool f16, const void* base, uint64
 inline Status encode_tma_im2col(CUtensorMap* map, bool f16, const void* base, int64_t n,
                                 int64_t h, int64_t w, int64_t c, const int (&lower)[2],
                                 const int (&out)[2], const int (&stride)[2], uint32_t pixels) {
-  static const PFN_cuTensorMapEncodeIm2col_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeIm2col", &fn, 12000,
-                                         cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeIm2col_v12000>(fn);
-  }();
+  static const auto encode =
+      driver_entry<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
   if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeIm2col unavailable");
   // Innermost first: (c, w, h, n). The window of base pixels along an axis is
   // [lower, size + upper): (out - 1) * stride + 1 positions.
@@ -86,15 +88,12 @@ inline Status encode_tma_im2col(CUtensorMap* map, bool f16, const void* base, in
   const int up[2] = {lower[1] + (out[1] - 1) * stride[1] + 1 - int(w),
                      lower[0] + (out[0] - 1) * stride[0] + 1 - int(h)};
   const cuuint32_t elem_strides[4] = {1, cuuint32_t(stride[1]), cuuint32_t(stride[0]), 1};
-  const CUresult r =
+  return encode_status(
       encode(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
              const_cast<void*>(base), dims, strides, lo, up, 64, pixels, elem_strides,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status::Error("conv gemm: cuTensorMapEncodeIm2col failed (" + std::to_string(int(r)) +
-                         ")");
-  return Status::Ok();
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      "cuTensorMapEncodeIm2col");
 }
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
