@@ -296,6 +296,26 @@ __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&ac
   }
 }
 
+// Issues one slice's loads into the tiles at `at`, `bt` and moves both loaders on: cp.async
+// loaders by all their threads, TMA loaders by thread 0 onto `bar` (a TMA A first: B's
+// arrival is the one that can complete the phase).
+template <typename AL, typename BL>
+__device__ __forceinline__ void load_slice(AL& a, BL& b, uint32_t at, uint32_t bt, uint32_t bar,
+                                           int tid) {
+  if constexpr (AL::kTma) {
+    if (tid == 0) a.load(at, bar);
+  } else {
+    a.load(at);
+  }
+  if constexpr (BL::kTma) {
+    if (tid == 0) b.load(bt, bar);
+  } else {
+    b.load(bt);
+  }
+  a.next();
+  b.next();
+}
+
 // Loader contract as gemm_kernel (cuda_gemm_core.cuh); `splits` ranges of `per_split` slices
 // per group.
 template <Mode kMode, typename C, typename ALoader, typename BLoader>
@@ -347,18 +367,7 @@ wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
       new (&b) BLoader(bp, pj.n0, pj.g, pj.kt0, tid);
     }
     if (pt < tiles) {
-      if constexpr (ALoader::kTma) {
-        if (tid == 0) a.load(a_tile(fill_slot), bar(fill_slot));
-      } else {
-        a.load(a_tile(fill_slot));
-      }
-      if constexpr (kTmaB) {
-        if (tid == 0) b.load(b_tile(fill_slot), bar(fill_slot));
-      } else {
-        b.load(b_tile(fill_slot));
-      }
-      a.next();
-      b.next();
+      load_slice(a, b, a_tile(fill_slot), b_tile(fill_slot), bar(fill_slot), tid);
       ++pk;
       fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
     }
@@ -470,18 +479,7 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
       for (int kt = 0; kt < j.nk; ++kt, ++q) {
         const int s = q % S;
         if (q >= S) mbar_wait(empty_bar(s), (q / S - 1) & 1);
-        if constexpr (ALoader::kTma) {
-          a.load(a_tile(s), full_bar(s));  // thread 0 (kAllTma), before B's arrival
-        } else {
-          a.load(a_tile(s));
-        }
-        if constexpr (kTmaB) {
-          if (tid == 0) b.load(b_tile(s), full_bar(s));
-        } else {
-          b.load(b_tile(s));
-        }
-        a.next();
-        b.next();
+        load_slice(a, b, a_tile(s), b_tile(s), full_bar(s), tid);
         if constexpr (!kAllTma) {
           cp_async_commit();
           if (q >= kLag) {
