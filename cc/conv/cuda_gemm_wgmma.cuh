@@ -328,8 +328,8 @@ wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
   static_assert(!ALoader::kTma || BLoader::kTma, "a TMA A rides on B's barrier arrival");
   constexpr bool kTmaB = BLoader::kTma;
   extern __shared__ unsigned char smem[];
-  // B (and A) through TMA: one barrier per ring slot, completed by the slot's copy bytes; the k-th use
-  // of slot s completes phase k % 2 (bit s of `phases` is the next one to wait for).
+  // B (and A) through TMA: one barrier per ring slot, completed by the slot's copy bytes; the
+  // k-th use of slot s completes phase k % 2 (bit s of `phases` is the next one to wait for).
   __shared__ alignas(8) uint64_t bars[C::kStages];
   auto bar = [&](int s) { return smem_addr(&bars[s]); };
   uint32_t phases = 0;
