@@ -21,9 +21,8 @@ import numpy as np
 
 
 import jaxdnn
-from common import (bandwidth_row, geomean, rotating_inputs, rotation_for,
-                               time_op,
-                               write_results)
+from common import (bandwidth_row, best_times, default_trials, geomean, rotating_inputs,
+                    rotation_for, write_results)
 
 OPS = {
     "relu": (jaxdnn.relu, jax.nn.relu),
@@ -47,7 +46,7 @@ def backward(f):
     return lambda x, dy: jax.vjp(f, x)[1](dy)[0]
 
 
-def run(shape, ops, dtypes, repeats):
+def run(shape, ops, dtypes, repeats, trials):
     rows = []
     device = jax.devices()[0]
     for dtype in dtypes:
@@ -62,8 +61,7 @@ def run(shape, ops, dtypes, repeats):
             ours, ref = OPS[name]
             for direction, elems, args, wrap in (("fwd", 2 * n, fwd_inputs, lambda f: f),
                                                   ("bwd", 3 * n, inputs, backward)):
-                t_ours = time_op(wrap(ours), args, repeats=repeats)
-                t_ref = time_op(wrap(ref), args, repeats=repeats)
+                t_ours, t_ref = best_times(wrap(ours), wrap(ref), args, args, trials, repeats)
                 rows.append(bandwidth_row(name, dtype, direction, shape, elems * itemsize,
                                           t_ours, t_ref))
                 print(rows[-1], flush=True)
@@ -76,15 +74,19 @@ def main():
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=None,
+                        help="interleaved rounds, best kept (default: 3 on the CPU, 1 on a GPU)")
     parser.add_argument("--note", default="", help="appended to the notes of the results table")
     args = parser.parse_args()
     on_gpu = jax.devices()[0].platform == "gpu"
     shape = tuple(args.shape) if args.shape else ((32768, 4096) if on_gpu else (1024, 4096))
     dtypes = [jnp.dtype(d) for d in args.dtypes]
-    rows = run(shape, args.ops, dtypes, args.repeats)
+    trials = default_trials(args.trials)
+    rows = run(shape, args.ops, dtypes, args.repeats, trials)
     notes = ("GB/s of minimal traffic: fwd 2N elements (read x, write y), bwd 3N (read x and dy, "
              "write dx). ratio = xla_us / jaxdnn_us (> 1: jaxdnn faster). bwd = "
-             "jit(vjp(f, x)(dy)) for both. Geomean ratio: "
+             f"jit(vjp(f, x)(dy)) for both. Times: best of {trials} interleaved rounds of "
+             "`repeats` calls. Geomean ratio: "
              f"{geomean([r['ratio'] for r in rows]):.3f}. {args.note}".strip())
     write_results("activation", rows, COLUMNS, notes=notes)
 

@@ -24,8 +24,7 @@ from jax import lax
 
 
 import jaxdnn
-from common import (geomean, rotating_inputs, rotation_for, time_op,
-                               write_results)
+from common import best_times, geomean, rotating_inputs, rotation_for, write_results
 
 EPS = 1e-5
 
@@ -133,15 +132,6 @@ def _rel_l2(a, b):
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def best_times(f_ours, f_ref, inputs_ours, inputs_ref, trials):
-    """Min over `trials` interleaved measurements of each side (noise only adds time)."""
-    t_ours = t_ref = float("inf")
-    for _ in range(trials):
-        t_ours = min(t_ours, time_op(f_ours, inputs_ours))
-        t_ref = min(t_ref, time_op(f_ref, inputs_ref))
-    return t_ours, t_ref
 
 
 def bench_case(case, dtype, directions, device, trials):

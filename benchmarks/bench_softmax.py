@@ -21,9 +21,8 @@ import numpy as np
 
 
 import jaxdnn
-from common import (bandwidth_row, geomean, rotating_inputs, rotation_for,
-                               time_op,
-                               write_results)
+from common import (bandwidth_row, best_times, default_trials, geomean, rotating_inputs,
+                    rotation_for, write_results)
 
 FUNCS = {"softmax": (jaxdnn.softmax, jax.nn.softmax),
          "log_softmax": (jaxdnn.log_softmax, jax.nn.log_softmax)}
@@ -36,7 +35,7 @@ def _apply_vjp(vjp_fn, dy):
     return vjp_fn(dy)[0]
 
 
-def run(shapes, dtypes, repeats):
+def run(shapes, dtypes, repeats, trials):
     rows = []
     device = jax.devices()[0]
     for shape in shapes:
@@ -47,17 +46,14 @@ def run(shapes, dtypes, repeats):
             inputs = rotating_inputs(
                 lambda rng: (np.asarray(rng.standard_normal(shape) * 3, dtype),
                              np.asarray(rng.standard_normal(shape), dtype)), rotate, device=device)
-            for name, impls in FUNCS.items():
-                times = {}
-                for impl, f in zip(("jaxdnn", "xla"), impls):
-                    fwd = time_op(f, [(x,) for x, _ in inputs], repeats=repeats)
-                    vjp_fns = [jax.vjp(jax.jit(f), x)[1] for x, _ in inputs]
-                    bwd = time_op(_apply_vjp, [(v, dy) for v, (_, dy) in zip(vjp_fns, inputs)],
-                                  repeats=repeats)
-                    times[impl] = {"fwd": fwd, "bwd": bwd}
-                    del vjp_fns
+            fwd_inputs = [(x,) for x, _ in inputs]
+            for name, (ours, ref) in FUNCS.items():
+                times = {"fwd": best_times(ours, ref, fwd_inputs, fwd_inputs, trials, repeats)}
+                vjps = [[(jax.vjp(jax.jit(f), x)[1], dy) for x, dy in inputs] for f in (ours, ref)]
+                times["bwd"] = best_times(_apply_vjp, _apply_vjp, *vjps, trials, repeats)
+                del vjps
                 for direction, elems in (("fwd", 2 * n), ("bwd", 3 * n)):
-                    t_ours, t_ref = times["jaxdnn"][direction], times["xla"][direction]
+                    t_ours, t_ref = times[direction]
                     rows.append(bandwidth_row(name, dtype, direction, shape,
                                               elems * itemsize, t_ours, t_ref))
                     print(rows[-1], flush=True)
@@ -70,16 +66,20 @@ def main():
     parser.add_argument("--extra", action="store_true", help="also time the other GPU paths")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=None,
+                        help="interleaved rounds, best kept (default: 3 on the CPU, 1 on a GPU)")
     parser.add_argument("--note", default="", help="appended to the notes of the results table")
     args = parser.parse_args()
     on_gpu = jax.devices()[0].platform == "gpu"
     shapes = [tuple(args.shape) if args.shape else ((32768, 4096) if on_gpu else (1024, 4096))]
     if args.extra:
         shapes += [(262144, 256), (1024, 65536)]
-    rows = run(shapes, [jnp.dtype(d) for d in args.dtypes], args.repeats)
+    trials = default_trials(args.trials)
+    rows = run(shapes, [jnp.dtype(d) for d in args.dtypes], args.repeats, trials)
     notes = ("GB/s of minimal traffic: fwd 2N elements (read x, write y), bwd 3N (read y and dy, "
              "write dx). ratio = xla_us / jaxdnn_us (> 1: jaxdnn faster). bwd = each "
-             "implementation's vjp function (its saved residuals) applied to dy. Geomean ratio: "
+             "implementation's vjp function (its saved residuals) applied to dy. Times: best of "
+             f"{trials} interleaved rounds of `repeats` calls. Geomean ratio: "
              f"{geomean([r['ratio'] for r in rows]):.3f}. {args.note}".strip())
     write_results("softmax", rows, COLUMNS, notes=notes)
 
