@@ -182,8 +182,10 @@ bool im2col_tma_applies(const Args& a) {
   const Problem& p = a.p;
   if (off || a.in == DType::kF32 || a.dir == Direction::kBwdFilter || !use_wgmma() || !tma_b(a))
     return false;
-  if (p.in[0] != 1 || p.filt[0] != 1 || p.x_elems() >= (int64_t(1) << 31) ||
-      p.y_elems() >= (int64_t(1) << 31))
+  // (A tensor map cannot have an empty dimension: empty problems keep the table path, which
+  // launches nothing.)
+  if (p.in[0] != 1 || p.filt[0] != 1 || p.x_elems() == 0 || p.y_elems() == 0 ||
+      p.x_elems() >= (int64_t(1) << 31) || p.y_elems() >= (int64_t(1) << 31))
     return false;
   const bool bwd = a.dir == Direction::kBwdData;
   const Im2colView v = im2col_view(a);
