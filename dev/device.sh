@@ -12,7 +12,8 @@
 #   <name>=<cmd> anything else, run with bash -c and logged as <name>.log
 # Every step is killed, with its whole process group, after STEP_TIMEOUT seconds (default 300):
 # a kernel that hangs (an mbarrier waiting for bytes that never come) ends its step, not the
-# device call.
+# device call. The build has its own limit, BUILD_TIMEOUT (default 400; a fresh build takes
+# ~115 s), so that a short STEP_TIMEOUT does not kill it (it did once, and the call was lost).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/logs"
@@ -23,9 +24,10 @@ export PYTHONPATH=$PWD
 summary=()
 step() {  # step NAME COMMAND...: run, log, remember the last line
   local name=$1; shift
-  local t0=$SECONDS
+  local t0=$SECONDS limit=${STEP_TIMEOUT:-300}
+  [ "$name" = build ] && limit=${BUILD_TIMEOUT:-400}
   echo "=== $name ($(date +%T))"
-  timeout -k 10 "${STEP_TIMEOUT:-300}" "$@" > "$OUT/logs/$name.log" 2>&1
+  timeout -k 10 "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
   local rc=$?
   local last
   last=$(grep -v '^\s*$' "$OUT/logs/$name.log" | tail -1 | cut -c1-150)
