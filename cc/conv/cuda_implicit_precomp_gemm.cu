@@ -344,12 +344,17 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
 Status run(const Args& a, const Buffers& b, void* ws, cudaStream_t stream);
 
 // E: an unsigned type of the element's width (the two kernels below only move elements).
-// The sub-filter has at most w's elements, so 32-bit indices (by_classes: w below 2^30).
+// Every class's sub-filter in one launch, into their concatenation; they partition w's
+// elements, so 32-bit indices (by_classes: w below 2^30).
 template <typename E>
-__global__ void sub_filter_kernel(const E* __restrict__ w, E* __restrict__ sub, Problem p,
-                                  ClassTaps taps, int32_t total) {
-  for (int32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x)
-    sub[e] = w[sub_filter_source<int32_t>(p, taps.axis, e)];
+__global__ void sub_filters_kernel(const E* __restrict__ w, E* __restrict__ sub, Problem p,
+                                   SubFilters f) {
+  const int32_t total = int32_t(f.start[f.count]);
+  for (int32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+    int ci = 0;
+    while (e >= f.start[ci + 1]) ++ci;  // empty classes start where the next one does
+    sub[e] = w[sub_filter_source<int32_t>(p, f.axis[ci], e - int32_t(f.start[ci]))];
+  }
 }
 
 // dx from the class results, one Vec of a pixel's channels per thread (16 bytes: this
@@ -396,28 +401,35 @@ Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t
   void* sub_ws = results + cw.results;
   const int64_t eb = elem_bytes(a.in), ob = elem_bytes(a.out);
   constexpr int kThreads = 256;
+  const int64_t classes = strided_class_count(p);
+  SubFilters f;
+  f.count = int(classes);
+  f.start[0] = 0;
+  for (int64_t ci = 0; ci < classes; ++ci) {
+    const StridedClass c = strided_class(p, ci);
+    for (int ax = 0; ax < 3; ++ax)
+      f.axis[ci][ax] = {int32_t(c.axis[ax].first), int32_t(c.axis[ax].step),
+                        int32_t(c.axis[ax].taps)};
+    f.start[ci + 1] = f.start[ci] + (c.empty() ? 0 : c.sub.w_elems());
+  }
+  sub_filters_kernel<W><<<cuda::grid_for(f.start[classes], kThreads), kThreads, 0, stream>>>(
+      static_cast<const W*>(b.w), reinterpret_cast<W*>(filters), p, f);
+  if (Status st = cuda::check_launch("conv implicit_precomp_gemm sub_filters_kernel"); !st.ok())
+    return st;
   ClassMap map;
-  int64_t w_at = 0, y_at = 0;  // elements of the sub-filters and results so far
-  for (int64_t ci = 0; ci < strided_class_count(p); ++ci) {
+  int64_t y_at = 0;  // elements of the results so far
+  for (int64_t ci = 0; ci < classes; ++ci) {
     const StridedClass c = strided_class(p, ci);
     for (int ax = 0; ax < 3; ++ax) map.sizes[ci][ax] = c.axis[ax].size;
     map.base[ci] = -1;
     if (c.empty()) continue;
     const Args q = class_args(a, c);
-    void* sub_w = filters + w_at * eb;
-    ClassTaps taps;
-    for (int ax = 0; ax < 3; ++ax) taps.axis[ax] = c.axis[ax];
-    sub_filter_kernel<W><<<cuda::grid_for(q.p.w_elems(), kThreads), kThreads, 0, stream>>>(
-        static_cast<const W*>(b.w), static_cast<W*>(sub_w), p, taps, int32_t(q.p.w_elems()));
-    if (Status st = cuda::check_launch("conv implicit_precomp_gemm sub_filter_kernel"); !st.ok())
-      return st;
     Buffers bq;
     bq.x = b.y;
-    bq.w = sub_w;
+    bq.w = filters + f.start[ci] * eb;
     bq.result = results + y_at * ob;
     if (Status st = run(q, bq, sub_ws, stream); !st.ok()) return st;
     map.base[ci] = y_at;
-    w_at += q.p.w_elems();
     y_at += q.p.y_elems();
   }
   return scatter_classes<E, uint4>(results, b.result, p, map, stream);

@@ -103,10 +103,16 @@ inline StridedClass strided_class(const Problem& p, int64_t ci) {
   return c;
 }
 
-// Kernel parameters: one class's axes, and every class's sizes and result offset (-1: the
-// class's dx is zero).
-struct ClassTaps {
-  AxisClass axis[3];
+// Kernel parameters: every class's sub-filter taps (what sub_filter_source reads of its
+// axes, compact enough for 64 classes) and where its sub-filter starts in the concatenated
+// ones; every class's sizes and result offset (-1: the class's dx is zero).
+struct FilterAxis {
+  int32_t first, step, taps;
+};
+struct SubFilters {
+  int64_t start[kMaxStridedClasses + 1];  // class ci: elements [start[ci], start[ci + 1])
+  FilterAxis axis[kMaxStridedClasses][3];
+  int count;
 };
 struct ClassMap {
   int64_t base[kMaxStridedClasses];
@@ -114,9 +120,9 @@ struct ClassMap {
 };
 
 // Element e of class c's sub-filter (layout (n0, n1, n2, Kg, C) = w' above): its offset in w.
-// I: the index type, as in class_pixel.
-template <typename I = int64_t>
-JAXDNN_HD I sub_filter_source(const Problem& p, const AxisClass (&ax)[3], I e) {
+// I: the index type, as in class_pixel; Axis: AxisClass or FilterAxis.
+template <typename I = int64_t, typename Axis = AxisClass>
+JAXDNN_HD I sub_filter_source(const Problem& p, const Axis (&ax)[3], I e) {
   const I C = I(p.C), Cg = I(p.Cg()), Kg = I(p.Kg()), K = I(p.K);
   const I t1 = I(ax[1].taps), t2 = I(ax[2].taps);
   const I gc = e % C, k = e / C % Kg, j = e / C / Kg;
