@@ -24,7 +24,8 @@ from jax import lax
 
 
 import jaxdnn
-from common import best_times, geomean, rotating_inputs, rotation_for, write_results
+from common import (best_times, default_trials, geomean, rotating_inputs, rotation_for,
+                    write_results)
 
 EPS = 1e-5
 
@@ -199,7 +200,7 @@ def main():
     device = jax.devices(platform)[0]
     ops = set(args.ops.split(",")) if args.ops else None
     directions = set(args.directions.split(","))
-    trials = args.trials or (3 if platform == "cpu" else 1)
+    trials = default_trials(args.trials, platform)
     rows = []
     with jax.default_device(device):
         for case in cases(platform):

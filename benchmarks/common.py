@@ -57,9 +57,10 @@ def best_times(f_ours: Callable, f_ref: Callable, inputs_ours: Sequence[tuple],
     return t_ours, t_ref
 
 
-def default_trials(trials: int | None) -> int:
-    """Interleaved rounds: 3 on a CPU, 1 on a GPU (its timings repeat within a few percent)."""
-    return trials or (3 if jax.devices()[0].platform == "cpu" else 1)
+def default_trials(trials: int | None, platform: str | None = None) -> int:
+    """Interleaved rounds unless given: 3 on a CPU, 1 on a GPU (its timings repeat within a few
+    percent); platform: jax's default device's unless given."""
+    return trials or (3 if (platform or jax.devices()[0].platform) == "cpu" else 1)
 
 
 def rotating_inputs(make: Callable[[np.random.Generator], tuple], rotate: int, seed: int = 0,

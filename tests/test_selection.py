@@ -64,7 +64,7 @@ def test_heuristic_takes_the_first_ranked(monkeypatch):
     ((64, 7, 7, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "fwd", "implicit_precomp_gemm"),  # 38%
 ])
 def test_gpu_heuristic_sends_3x3_to_the_halo_path(x, w, pad, dtype, direction, first,
-                                                      monkeypatch):
+                                                   monkeypatch):
     spec = jaxdnn.conv_problem(jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype),
                                padding=pad).spec
     monkeypatch.setattr(algo, "_hopper", lambda: True)

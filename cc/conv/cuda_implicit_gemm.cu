@@ -117,6 +117,15 @@ HaloView halo_view(const Args& a) {
   return {p.in[1], p.in[2], p.C, p.out[1], p.out[2], p.K, p.pad_lo[1], p.pad_lo[2]};
 }
 
+// 16 x 8 tiles over an out_h x out_w image: tiles along each axis.
+struct HaloTiles {
+  int64_t h, w;
+};
+HaloTiles halo_tiles(int64_t out_h, int64_t out_w) {
+  return {(out_h + HaloShape::kTileH - 1) / HaloShape::kTileH,
+          (out_w + HaloShape::kTileW - 1) / HaloShape::kTileW};
+}
+
 // The halo kernels' common conditions: 16-bit inputs on Hopper, one group, a 2-D (or 1-D)
 // stride-1 undilated filter of up to 3 rows and `max_s` columns, channel counts multiples of
 // 64, and 16 x 8 tiles of the output at least 70% inside it (56x56: 88%, 28x28 and 14x14: 77%;
@@ -132,9 +141,8 @@ bool halo_shape_ok(const Args& a, int64_t max_s) {
   for (int ax = 0; ax < 3; ++ax)
     if (p.stride[ax] != 1 || p.lhs_dil[ax] != 1 || p.rhs_dil[ax] != 1) return false;
   const HaloView v = halo_view(a);
-  const int64_t covered =
-      (v.out_h + HaloShape::kTileH - 1) / HaloShape::kTileH * HaloShape::kTileH *
-      ((v.out_w + HaloShape::kTileW - 1) / HaloShape::kTileW * HaloShape::kTileW);
+  const HaloTiles t = halo_tiles(v.out_h, v.out_w);
+  const int64_t covered = t.h * HaloShape::kTileH * t.w * HaloShape::kTileW;
   return v.in_c % 64 == 0 && v.out_c % 64 == 0 && p.filt[1] <= HaloShape::kMaxR &&
          p.filt[2] <= max_s && 10 * v.out_h * v.out_w >= 7 * covered &&
          p.x_elems() < (int64_t(1) << 31) && p.y_elems() < (int64_t(1) << 31);
@@ -154,19 +162,27 @@ bool halo_filter_applies(const Args& a, Reduce r) {
          halo_shape_ok(a, HaloFilterTile::kS);
 }
 
-// The halo filter kernel's splits: one CTA per SM over all (channel chunk, k block) pairs,
-// each split at least one tile.
-int64_t halo_filter_splits(const Args& a) {
+// The halo filter kernel's grid: its output tiles, its (channel chunk, k block) pairs, and
+// its splits of the tiles, one CTA per SM over all pairs and each split at least one tile
+// (the workspace holds that many partials).
+struct HaloFilterGrid {
+  HaloTiles t;
+  int64_t tiles, k_blocks, combos, splits;
+};
+HaloFilterGrid halo_filter_grid(const Args& a) {
   const Problem& p = a.p;
-  const int64_t combos = p.C / 64 * (p.K / 64);
-  const int64_t tiles = p.N * ((p.out[1] + HaloShape::kTileH - 1) / HaloShape::kTileH) *
-                        ((p.out[2] + HaloShape::kTileW - 1) / HaloShape::kTileW);
-  return std::max<int64_t>(1, std::min(kTargetCtas / 2 / combos, tiles));
+  HaloFilterGrid g;
+  g.t = halo_tiles(p.out[1], p.out[2]);
+  g.tiles = p.N * g.t.h * g.t.w;
+  g.k_blocks = p.K / 64;
+  g.combos = p.C / 64 * g.k_blocks;
+  g.splits = std::max<int64_t>(1, std::min(kTargetCtas / 2 / g.combos, g.tiles));
+  return g;
 }
 
 int64_t workspace_with(const Args& a, Reduce r) {
   if (!pads(a))
-    return halo_filter_applies(a, r) ? partial_bytes(a, halo_filter_splits(a))
+    return halo_filter_applies(a, r) ? partial_bytes(a, halo_filter_grid(a).splits)
                                      : reduce_workspace(a, r);
   const Args q = padded(a);
   return pad_x_bytes(q) + pad_w_bytes(q) + pad_wt_bytes(q) + reduce_workspace(q, r);
@@ -222,8 +238,9 @@ Status run_halo_tile(const Args& a, const Buffers& b, cudaStream_t stream) {
   hp.pad_w = int(v.pad_w);
   hp.taps = int(p.filt[1] * p.filt[2]);
   hp.chunks = int(v.in_c / 64);
-  hp.tiles_h = int((v.out_h + C::kTileH - 1) / C::kTileH);
-  hp.tiles_w = int((v.out_w + C::kTileW - 1) / C::kTileW);
+  const HaloTiles t = halo_tiles(v.out_h, v.out_w);
+  hp.tiles_h = int(t.h);
+  hp.tiles_w = int(t.w);
   hp.tiles_k = int(v.out_c / BN);
   const int64_t tiles = p.N * hp.tiles_h * hp.tiles_w * hp.tiles_k;
   hp.tiles = int(tiles);
@@ -264,12 +281,13 @@ Status run_halo_filter(const Args& a, const Buffers& b, void* ws, cudaStream_t s
     hp.K = int(p.K);
     hp.pad_h = int(p.pad_lo[1]);
     hp.pad_w = int(p.pad_lo[2]);
-    hp.tiles_h = int((p.out[1] + C::kTileH - 1) / C::kTileH);
-    hp.tiles_w = int((p.out[2] + C::kTileW - 1) / C::kTileW);
-    hp.tiles = int(p.N * hp.tiles_h * hp.tiles_w);
-    hp.k_blocks = int(p.K / 64);
-    hp.combos = int(p.C / 64) * hp.k_blocks;
-    hp.splits = int(halo_filter_splits(a));
+    const HaloFilterGrid g = halo_filter_grid(a);
+    hp.tiles_h = int(g.t.h);
+    hp.tiles_w = int(g.t.w);
+    hp.tiles = int(g.tiles);
+    hp.k_blocks = int(g.k_blocks);
+    hp.combos = int(g.combos);
+    hp.splits = int(g.splits);
     constexpr auto kernel = halo_filter_kernel<kMode>;
     constexpr const char* name = "conv implicit_gemm halo_filter_kernel";
     if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;
