@@ -52,13 +52,17 @@ GRID = [
      dict(window_strides=(1, 1), padding=((2, 0), (0, 2)))),
     ("halo_2x5", (2, 30, 15, 64), (2, 5, 64, 128),
      dict(window_strides=(1, 1), padding=((1, 0), (2, 2)))),
-    # implicit_precomp_gemm's A through TMA's im2col mode (16-bit, Hopper): strides, asymmetric
+    # implicit_precomp_gemm's A through TMA's im2col mode (Hopper): strides, asymmetric
     # padding and dilation in the forward; two groups of 64 channels; a partial last tile.
     ("im2col_s2_dilated", (3, 15, 13, 64), (3, 3, 64, 128),
      dict(window_strides=(2, 2), padding=((1, 2), (0, 1)), rhs_dilation=(1, 2))),
     ("im2col_groups", (2, 9, 10, 128), (3, 3, 64, 128), dict(window_strides=(1, 1),
                                                             padding="SAME",
                                                             feature_group_count=2)),
+    # TF32 through im2col (a slice is 32 channels): 32 inputs, 96 outputs (three slices per tap
+    # of bwd_data), a 2x3 filter with asymmetric padding; 16-bit keeps the table here.
+    ("im2col_tf32_32_channels", (2, 7, 11, 32), (2, 3, 32, 96),
+     dict(window_strides=(1, 1), padding=((1, 0), (2, 1)))),
     ("ragged_96_inputs", (2, 10, 9, 96), (3, 3, 96, 64), dict(window_strides=(1, 1),
                                                               padding="SAME")),
     ("stem_3_channels", (2, 17, 17, 3), (7, 7, 3, 64), dict(window_strides=(2, 2),

@@ -40,12 +40,12 @@ inline int elem_bytes(DType t) { return t == DType::kF64 ? 8 : (t == DType::kF32
 //   per k step per warp); 3 stages of 128-byte k-slices (72 / 96 KB of shared memory, two CTAs
 //   per SM).
 //   wgmma (sm_90; 16-bit inputs, and TF32 when both operands are k-major): 2 warpgroups of
-//   64 x BN, persistent CTAs, a 4-slice ring.
+//   64 x BN, persistent CTAs, a 4-slice ring; wide tiles warp-specialised (WsTile: two
+//   producer warpgroups feed the two consumers through a 5-slice ring).
 template <typename T> using TileNarrow = Tile<T, 128, 64, 64, 32, 3>;
 template <typename T> using TileWide = Tile<T, 128, 128, 64, 64, 3>;
 template <typename T> using WgTileNarrow = WgTile<T, 128, 64>;
 template <typename T> using WgTileWide = WgTile<T, 128, 128>;
-template <typename T> using WsTileNarrow = WsTile<T, 128, 64>;
 template <typename T> using WsTileWide = WsTile<T, 128, 128>;
 
 constexpr int kTileM = 128;
@@ -68,7 +68,9 @@ inline bool use_wgmma() {
   return major == 9 && minor == 0;
 }
 
-// The warp-specialised wgmma kernel, unless JAXDNN_CONV_NO_WS=1 (benchmarks compare the two).
+// The warp-specialised wgmma kernel for wide tiles, unless JAXDNN_CONV_NO_WS=1 (benchmarks
+// compare the two). Narrow tiles (N <= 64) keep wgmma_kernel: with half the MMA work per slice
+// and one CTA per SM, the warp-specialised one lost up to 2x there (NOTES.md, session 9).
 inline bool use_ws() {
   static const bool off = [] {
     const char* e = std::getenv("JAXDNN_CONV_NO_WS");
@@ -90,11 +92,8 @@ Status with_tile(int64_t N, bool k_major, Fn&& fn) {
   using T = typename ModeTraits<kMode>::T;
   if constexpr (kMode != Mode::k3xTf32) {
     if (wgmma_mode<kMode>(k_major)) {
-      if (use_ws()) {
-        if (N <= 64) return fn(WsTileNarrow<T>{});
-        return fn(WsTileWide<T>{});
-      }
       if (N <= 64) return fn(WgTileNarrow<T>{});
+      if (use_ws()) return fn(WsTileWide<T>{});
       return fn(WgTileWide<T>{});
     }
   }

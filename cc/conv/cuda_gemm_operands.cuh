@@ -15,8 +15,10 @@
 //   PlainMn       mn-major  a row-major matrix                w (fwd B), dy (bwd_filter B),
 //                                                             im2col_gemm bwd_filter A
 //   TmaMn         mn-major  the same through TMA boxes        implicit_precomp_gemm's wgmma B
-//   TmaWeightRows k-major   WeightRows through TMA boxes      implicit_precomp_gemm's wgmma
-//                                                             bwd_data B
+//   TmaKRows      k-major   rows of a matrix through TMA      implicit_precomp_gemm's wgmma
+//                                                             bwd_data B, TF32 fwd B (w^T)
+//   TmaIm2col     k-major   pixels x (tap, Cg) through TMA's  implicit_precomp_gemm's wgmma
+//                           im2col mode                       A (fwd, stride-1 bwd_data)
 #pragma once
 
 #include <cstdint>
@@ -389,51 +391,67 @@ struct TmaMn : Elems<T> {
   __device__ __forceinline__ void next() { r0 += Elems<T>::kBK; }
 };
 
-// What the k-major TMA loaders share: a slice is one box of BMN rows x 128 bytes, 16-bit.
+// What the k-major TMA loaders share: a slice is one box of BMN rows x 128 bytes (64 16-bit
+// elements, or 32 float read as TF32).
 template <typename T, int BMN>
 struct TmaKMajor : Elems<T> {
   static constexpr bool kKMajor = true;
   static constexpr bool kTma = true;
   using TileT = KMajorTile<BMN>;
   static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
-  static_assert(sizeof(T) == 2, "TMA boxes of 64 16-bit elements per row");
+  static_assert(kBoxRow<T> == Elems<T>::kBK, "a box row is one slice row");
 };
 
-// WeightRows through TMA (one group, Kg a multiple of the 64-element slice, so that a slice is
-// one tap): w as the (taps * Cg) x K row-major matrix, slice (tap, kc) of the tile at rows
-// c0.. is the k-major box {64 columns at kc, BMN rows at tap * Cg + c0}. Rows past Cg read
-// the next tap's (or, past the tensor, zeros) into columns of the GEMM that are not stored.
+// A k-major operand whose rows are rows of a row-major matrix in memory, through TMA boxes:
+// slice (tap, kc) of the tile at operand rows mn0.. of group g is the box {kBK columns at kc,
+// BMN rows at tap * tap_rows + g * group_rows + mn0}, the reduction split into taps of
+// tap_cols (a slice is one tap). Two uses:
+//   bwd_data B = w^T: w as the (taps * Cg) x K matrix, tap_rows = Cg, tap_cols = Kg (one
+//     group);
+//   TF32 fwd B = w^T transposed in the workspace (K x Kd): tap_rows = 0, tap_cols = Kd (the
+//     whole reduction is one "tap"), group_rows = Kg.
+// Rows past the operand's edge read the next tap's or group's (or, past the matrix, zeros)
+// into columns of the GEMM that are not stored.
+struct TmaKRowsParams {
+  CUtensorMap map;  // {cols, rows}, boxes {kBK, BMN}
+  int tap_rows, tap_cols, group_rows;
+
+  // The map of the rows x cols row-major matrix m (dense rows), boxes of box_rows.
+  template <typename T>
+  Status encode(const T* m, int64_t rows, int64_t cols, int box_rows) {
+    return encode_tma_2d(&map, m, uint64_t(rows), uint64_t(cols), uint64_t(cols),
+                         uint32_t(box_rows));
+  }
+};
+
 template <typename T, int BMN, int THREADS>
-struct TmaWeightRows : TmaKMajor<T, BMN> {
+struct TmaKRows : TmaKMajor<T, BMN> {
   using TmaKMajor<T, BMN>::kBytes;
-  struct Params {
-    CUtensorMap map;  // {K, taps * Cg}, boxes {64, BMN}
-    int Cg, Kg;
-  };
+  using Params = TmaKRowsParams;
 
   const Params& p;
-  int c0;     // the tile's first row
+  int r0;      // the tile's first row
   SliceTap k;  // the current slice's tap and first column
 
-  __device__ __forceinline__ TmaWeightRows(const Params& params, int mn0, int, int kt0, int)
-      : p(params), c0(mn0) {
-    k.set(kt0 * Elems<T>::kBK, p.Kg);
+  __device__ __forceinline__ TmaKRows(const Params& params, int mn0, int g, int kt0, int)
+      : p(params), r0(g * params.group_rows + mn0) {
+    k.set(kt0 * Elems<T>::kBK, p.tap_cols);
   }
 
   // Thread 0 only: announces the slice's bytes on `bar` and issues its box.
   __device__ __forceinline__ void load(uint32_t tile, uint32_t bar) {
     mbar_expect_bytes(bar, kBytes);
-    tma_load_2d(tile, &p.map, k.kc, k.tap * p.Cg + c0, bar);
+    tma_load_2d(tile, &p.map, k.kc, k.tap * p.tap_rows + r0, bar);
   }
 
-  __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, p.Kg); }
+  __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, p.tap_cols); }
 };
 
 // A of implicit_precomp_gemm's 2-D forward and stride-1 bwd_data on Hopper, through TMA's
 // im2col mode (encode_tma_im2col): one box per slice, the tile's BMN consecutive result pixels
-// x 64 channels of one tap, in place of the table lookups and per-chunk cp.asyncs of
-// TableRows. k = (tap, channel) as in TableRows, channels per group a multiple of 64 (a slice
-// is one tap). Result pixel (n, p, q) reads base (p * stride_h + lo_h, q * stride_w + lo_w)
+// x one slice of channels (64 16-bit, 32 TF32) of one tap, in place of the table lookups and
+// per-chunk cp.asyncs of TableRows. k = (tap, channel) as in TableRows, channels per group a
+// multiple of the slice (a slice is one tap). Result pixel (n, p, q) reads base (p * stride_h + lo_h, q * stride_w + lo_w)
 // at offset (r * dil_h, s * dil_w); bwd_data (the forward of dy with the filter flipped:
 // `flip`) reads tap (r, s) at offset ((R-1-r) * dil_h, (S-1-s) * dil_w) from base lo =
 // pad - dil * (R-1). Rides on B's barrier arrival (B must be a TMA loader too).

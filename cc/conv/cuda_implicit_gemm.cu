@@ -190,13 +190,14 @@ int64_t workspace_with(const Args& a, Reduce r) {
 
 // A TMA map of an (N, H, W, channels) 16-bit tensor read in boxes of 64 channels x box_w x
 // box_h pixels of one image (outside the tensor: zeros).
-Status encode_nhwc(CUtensorMap* map, bool f16, const void* t, int64_t n, int64_t h, int64_t w,
-                   int64_t c, uint32_t box_w, uint32_t box_h) {
+template <typename T>
+Status encode_nhwc(CUtensorMap* map, const T* t, int64_t n, int64_t h, int64_t w, int64_t c,
+                   uint32_t box_w, uint32_t box_h) {
   const cuuint64_t dims[4] = {cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)};
-  const cuuint64_t strides[3] = {cuuint64_t(c) * 2, cuuint64_t(w * c) * 2,
-                                 cuuint64_t(h * w * c) * 2};
-  const cuuint32_t box[4] = {64, box_w, box_h, 1};
-  return encode_tma(map, f16, t, 4, dims, strides, box);
+  const cuuint64_t strides[3] = {cuuint64_t(c) * sizeof(T), cuuint64_t(w * c) * sizeof(T),
+                                 cuuint64_t(h * w * c) * sizeof(T)};
+  const cuuint32_t box[4] = {kBoxRow<T>, box_w, box_h, 1};
+  return encode_tma(map, t, 4, dims, strides, box);
 }
 
 template <Mode kMode, int BN, bool kBwdData>
@@ -212,20 +213,22 @@ Status launch_halo(const HaloParams& hp, int64_t tiles, cudaStream_t stream) {
 
 template <Mode kMode, int BN>
 Status run_halo_tile(const Args& a, const Buffers& b, cudaStream_t stream) {
-  using C = HaloTile<typename ModeTraits<kMode>::T, BN>;
+  using T = typename ModeTraits<kMode>::T;
+  using C = HaloTile<T, BN>;
   const Problem& p = a.p;
-  const bool f16 = kMode == Mode::kF16, bwd = a.dir == Direction::kBwdData;
+  const bool bwd = a.dir == Direction::kBwdData;
   const HaloView v = halo_view(a);
   HaloParams hp{};
   const uint32_t lines = uint32_t(C::kTileH + p.filt[1] - 1);
-  if (Status st = encode_nhwc(&hp.x, f16, bwd ? b.y : b.x, p.N, v.in_h, v.in_w, v.in_c,
-                              C::kPitch, lines);
+  if (Status st = encode_nhwc(&hp.x, static_cast<const T*>(bwd ? b.y : b.x), p.N, v.in_h,
+                              v.in_w, v.in_c, C::kPitch, lines);
       !st.ok())
     return st;
   // w as the (R*S*C) x K matrix; bwd_data reads BN of its rows (output channels) by 64
   // columns (the reduction), k-major.
-  if (Status st = encode_tma_2d(&hp.w, f16, b.w, uint64_t(p.filt_spatial() * p.C), uint64_t(p.K),
-                                uint64_t(p.K), bwd ? BN : 64);
+  if (Status st = encode_tma_2d(&hp.w, static_cast<const T*>(b.w),
+                                uint64_t(p.filt_spatial() * p.C), uint64_t(p.K), uint64_t(p.K),
+                                bwd ? BN : 64);
       !st.ok())
     return st;
   hp.y = b.result;
@@ -266,14 +269,15 @@ Status run_halo_filter(const Args& a, const Buffers& b, void* ws, cudaStream_t s
   if constexpr (kMode == Mode::kBf16 || kMode == Mode::kF16) {
     using C = HaloFilterTile;
     const Problem& p = a.p;
-    const bool f16 = kMode == Mode::kF16;
+    using T = typename ModeTraits<kMode>::T;
     const uint32_t lines = uint32_t(C::kTileH + C::kR - 1);
     HaloFilterParams hp{};
-    if (Status st = encode_nhwc(&hp.x, f16, b.x, p.N, p.in[1], p.in[2], p.C, C::kPitch, lines);
+    if (Status st = encode_nhwc(&hp.x, static_cast<const T*>(b.x), p.N, p.in[1], p.in[2], p.C,
+                                C::kPitch, lines);
         !st.ok())
       return st;
-    if (Status st = encode_nhwc(&hp.dy, f16, b.y, p.N, p.out[1], p.out[2], p.K, C::kTileW,
-                                C::kTileH);
+    if (Status st = encode_nhwc(&hp.dy, static_cast<const T*>(b.y), p.N, p.out[1], p.out[2],
+                                p.K, C::kTileW, C::kTileH);
         !st.ok())
       return st;
     hp.partials = static_cast<float*>(ws);
@@ -293,7 +297,7 @@ Status run_halo_filter(const Args& a, const Buffers& b, void* ws, cudaStream_t s
     if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;
     kernel<<<unsigned(hp.combos * hp.splits), C::kThreads, C::kSmemBytes, stream>>>(hp);
     if (Status st = cuda::check_launch(name); !st.ok()) return st;
-    return sum_splits<typename ModeTraits<kMode>::T>(a, hp.partials, b.result, hp.splits, stream);
+    return sum_splits<T>(a, hp.partials, b.result, hp.splits, stream);
   } else {
     return Status::Error("conv implicit_gemm: the halo path takes 16-bit inputs");
   }

@@ -131,8 +131,8 @@ Status launch_mn_b(const Args& a, const typename AL::Params& ap,
     if (tma_b(a)) {
       using BL = TmaMn<T, C::BN, C::kThreads>;
       typename BL::Params bp;
-      if (Status st = encode_tma_2d(&bp.map, kMode == Mode::kF16, bm.ptr, uint64_t(bm.rows),
-                                    uint64_t(total_cols), uint64_t(bm.ld), uint32_t(C::BK));
+      if (Status st = encode_tma_2d(&bp.map, bm.ptr, uint64_t(bm.rows), uint64_t(total_cols),
+                                    uint64_t(bm.ld), uint32_t(C::BK));
           !st.ok())
         return st;
       bp.group_cols = int(bm.group_stride);
@@ -147,11 +147,11 @@ Status launch_mn_b(const Args& a, const typename AL::Params& ap,
   }
 }
 
-// Whether A comes through TMA's im2col mode (TmaIm2col) instead of the table: 16-bit on
-// Hopper with B through TMA (tma_b; bwd_data: one group, Kg a multiple of 64, as
-// TmaWeightRows), a 2-D (or 1-D) filter, no lhs dilation, channels per group a multiple of
-// 64; fwd with strides up to 8, bwd_data stride 1; window corners and filter offsets within
-// the im2col mode's ranges for a 4-D tensor ([-128, 127] and [0, 255]).
+// Whether A comes through TMA's im2col mode (TmaIm2col) instead of the table: 16-bit or TF32
+// on Hopper with B through TMA (tma_b; bwd_data: one group, as TmaKRows), a 2-D (or 1-D)
+// filter, no lhs dilation, channels per group (Kg in bwd_data) a multiple of the slice (64
+// 16-bit, 32 TF32); fwd with strides up to 8, bwd_data stride 1; window corners and filter
+// offsets within the im2col mode's ranges for a 4-D tensor ([-128, 127] and [0, 255]).
 // JAXDNN_CONV_NO_IM2COL_TMA=1 keeps the table (benchmarks compare the two).
 struct Im2colView {
   int lower[2], out[2], stride[2], size[2];
@@ -180,7 +180,8 @@ bool im2col_tma_applies(const Args& a) {
     return e != nullptr && e[0] == '1';
   }();
   const Problem& p = a.p;
-  if (off || a.in == DType::kF32 || a.dir == Direction::kBwdFilter || !use_wgmma() || !tma_b(a))
+  if (off || (a.in == DType::kF32 && !a.tf32) || a.dir == Direction::kBwdFilter ||
+      !use_wgmma() || !tma_b(a))
     return false;
   // (A tensor map cannot have an empty dimension: empty problems keep the table path, which
   // launches nothing.)
@@ -197,19 +198,45 @@ bool im2col_tma_applies(const Args& a) {
         p.rhs_dil[ax] * (p.filt[ax] - 1) > 255)
       return false;
   }
-  return bwd ? p.G == 1 && p.Kg() % 64 == 0 : p.Cg() % 64 == 0;
+  const int64_t slice = kSliceBytes / elem_bytes(a.in);
+  return bwd ? p.G == 1 && p.Kg() % slice == 0 : p.Cg() % slice == 0;
+}
+
+// The TF32 forward's k-major w (kmajor_weight) in the workspace.
+template <typename T>
+T* weight_at(const Args& a, void* ws) {
+  return reinterpret_cast<T*>(static_cast<char*>(ws) + table_bytes(a) +
+                              reduce_workspace(a, filter_split(a)));
+}
+
+// B of bwd_data (w^T, k-major) as TmaKRows' parameters: w as the (taps * Cg) x K matrix, one
+// group.
+template <typename T>
+Status weight_rows_b(const Args& a, const void* w, int bn, TmaKRowsParams* bp) {
+  bp->tap_rows = int(a.p.Cg());
+  bp->tap_cols = int(a.p.Kg());
+  bp->group_rows = 0;
+  return bp->encode(static_cast<const T*>(w), a.p.filt_spatial() * a.p.C, a.p.K, bn);
 }
 
 template <Mode kMode>
-Status run_im2col_tma(const Args& a, const Buffers& b, cudaStream_t stream) {
+Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
   using T = typename ModeTraits<kMode>::T;
-  if constexpr (sizeof(T) != 2) {
-    return Status::Error("conv implicit_precomp_gemm: im2col TMA takes 16-bit inputs");
+  if constexpr (kMode == Mode::k3xTf32) {
+    return Status::Error("conv implicit_precomp_gemm: im2col TMA takes 16-bit or TF32 inputs");
   } else {
     const Problem& p = a.p;
     const Shape s = shape_of(a);
     const bool bwd = a.dir == Direction::kBwdData;
     const Im2colView v = im2col_view(a);
+    constexpr bool kTf32 = kMode == Mode::kTf32;
+    T* wt = weight_at<T>(a, ws);
+    if (kTf32 && !bwd) {  // w^T: group g's Kg x Kd block at row g * Kg
+      if (Status st = transpose(static_cast<const T*>(b.w), wt, int(s.Kd), int(s.N), p.K,
+                                int(p.G), stream);
+          !st.ok())
+        return st;
+    }
     return with_tile<kMode>(s.N, true, [&](auto tile) -> Status {
       using C = decltype(tile);
       if constexpr (!C::kWgmma) {
@@ -217,7 +244,7 @@ Status run_im2col_tma(const Args& a, const Buffers& b, cudaStream_t stream) {
       } else {
         using AL = TmaIm2col<T, C::BM, C::kThreads>;
         typename AL::Params ap;
-        if (Status st = encode_tma_im2col(&ap.map, kMode == Mode::kF16, bwd ? b.y : b.x, p.N,
+        if (Status st = encode_tma_im2col(&ap.map, static_cast<const T*>(bwd ? b.y : b.x), p.N,
                                           v.size[0], v.size[1], v.channels, v.lower, v.out,
                                           v.stride, uint32_t(C::BM));
             !st.ok())
@@ -234,23 +261,29 @@ Status run_im2col_tma(const Args& a, const Buffers& b, cudaStream_t stream) {
         ap.S = int(p.filt[2]);
         ap.cch = int(bwd ? p.Kg() : p.Cg());
         ap.flip = bwd;
-        if (!bwd) {
-          const MatrixParams<T> bp{static_cast<const T*>(b.w), a.p.K, int(s.Kd), int(s.N),
-                                   a.p.Kg()};
-          return launch_mn_b<kMode, C, AL>(a, ap, bp, a.p.K, b.result, Reduce::kNone, nullptr,
-                                           stream, "conv implicit_precomp_gemm fwd gemm_kernel");
+        const char* name = bwd ? "conv implicit_precomp_gemm bwd_data gemm_kernel"
+                               : "conv implicit_precomp_gemm fwd gemm_kernel";
+        if constexpr (!kTf32) {
+          if (!bwd) {  // B = w, mn-major (TmaMn)
+            const MatrixParams<T> bp{static_cast<const T*>(b.w), a.p.K, int(s.Kd), int(s.N),
+                                     a.p.Kg()};
+            return launch_mn_b<kMode, C, AL>(a, ap, bp, a.p.K, b.result, Reduce::kNone,
+                                             nullptr, stream, name);
+          }
         }
-        using BL = TmaWeightRows<T, C::BN, C::kThreads>;
-        typename BL::Params bp;
-        if (Status st = encode_tma_2d(&bp.map, kMode == Mode::kF16, b.w,
-                                      uint64_t(p.filt_spatial() * p.C), uint64_t(p.K),
-                                      uint64_t(p.K), uint32_t(C::BN));
-            !st.ok())
-          return st;
-        bp.Cg = int(p.Cg());
-        bp.Kg = int(p.Kg());
+        using BL = TmaKRows<T, C::BN, C::kThreads>;
+        TmaKRowsParams bp;
+        if (bwd) {
+          if (Status st = weight_rows_b<T>(a, b.w, C::BN, &bp); !st.ok()) return st;
+        } else {  // TF32: B = w^T, K x Kd
+          bp.tap_rows = 0;
+          bp.tap_cols = int(s.Kd);
+          bp.group_rows = int(p.Kg());
+          if (Status st = bp.encode(static_cast<const T*>(wt), p.K, s.Kd, C::BN); !st.ok())
+            return st;
+        }
         return launch<kMode, C, AL, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
-                                        "conv implicit_precomp_gemm bwd_data gemm_kernel");
+                                        name);
       }
     });
   }
@@ -259,14 +292,13 @@ Status run_im2col_tma(const Args& a, const Buffers& b, cudaStream_t stream) {
 template <Mode kMode>
 Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
   using T = typename ModeTraits<kMode>::T;
-  if (im2col_tma_applies(a)) return run_im2col_tma<kMode>(a, b, stream);
+  if (im2col_tma_applies(a)) return run_im2col_tma<kMode>(a, b, ws, stream);
   const Geo geo = make_geo(a.p);
   const Shape s = shape_of(a);
   const Direction dir = a.dir;
   int* table = static_cast<int*>(ws);
   void* partials = static_cast<char*>(ws) + table_bytes(a);
-  T* wt = reinterpret_cast<T*>(static_cast<char*>(ws) + table_bytes(a) +
-                               reduce_workspace(a, filter_split(a)));
+  T* wt = weight_at<T>(a, ws);
   constexpr int kThreads = 256;
   const unsigned blocks = cuda::grid_for(table_rows(a), kThreads);
   if (dir == Direction::kBwdData)
@@ -308,19 +340,12 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
         const typename Rows::Params ap{y, table, geo, int(s.M), geo.Kg};
         constexpr const char* name = "conv implicit_precomp_gemm bwd_data gemm_kernel";
         // B = w^T, k-major; through TMA boxes when a slice is one tap of one group.
-        if constexpr (C::kWgmma && sizeof(T) == 2) {
+        if constexpr (C::kWgmma) {
           if (tma_b(a) && a.p.G == 1 && geo.Kg % C::BK == 0) {
-            using BL = TmaWeightRows<T, C::BN, C::kThreads>;
-            typename BL::Params bp;
-            if (Status st = encode_tma_2d(&bp.map, kMode == Mode::kF16, w,
-                                          uint64_t(a.p.filt_spatial() * a.p.C), uint64_t(a.p.K),
-                                          uint64_t(a.p.K), uint32_t(C::BN));
-                !st.ok())
-              return st;
-            bp.Cg = int(geo.Cg);
-            bp.Kg = int(geo.Kg);
-            return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr,
-                                              stream, name);
+            TmaKRowsParams bp;
+            if (Status st = weight_rows_b<T>(a, w, C::BN, &bp); !st.ok()) return st;
+            return launch<kMode, C, Rows, TmaKRows<T, C::BN, C::kThreads>>(
+                a, ap, bp, b.result, Reduce::kNone, nullptr, stream, name);
           }
         }
         using BL = WeightRows<T, C::BN, C::kThreads>;

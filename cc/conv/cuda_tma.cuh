@@ -13,10 +13,13 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cc/common/status.h"
 
@@ -40,58 +43,71 @@ inline Status encode_status(CUresult r, const char* what) {
                        ")");
 }
 
-// A tensor of 16-bit elements as a tensor map of `rank` dimensions (innermost first; dims[0]
-// contiguous, strides[i] = bytes between consecutive indices of dimension i + 1), read in
-// boxes of box[0..rank) elements with the 128-byte swizzle (box[0] = 64: one 128-byte row).
-inline Status encode_tma(CUtensorMap* map, bool f16, const void* base, int rank,
-                         const cuuint64_t* dims, const cuuint64_t* strides,
-                         const cuuint32_t* box) {
+// The tensor-map element type of T: bfloat16, float16, or float32 (which wgmma reads as TF32).
+template <typename T>
+constexpr CUtensorMapDataType tma_type() {
+  if constexpr (std::is_same_v<T, float>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  else if constexpr (std::is_same_v<T, __half>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  else return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
+// Elements of T per 128-byte box row (the 128-byte swizzle's row).
+template <typename T>
+constexpr uint32_t kBoxRow = uint32_t(128 / sizeof(T));
+
+// A tensor of T as a tensor map of `rank` dimensions (innermost first; dims[0] contiguous,
+// strides[i] = bytes between consecutive indices of dimension i + 1), read in boxes of
+// box[0..rank) elements with the 128-byte swizzle (box[0] = kBoxRow<T>: one 128-byte row).
+template <typename T>
+Status encode_tma(CUtensorMap* map, const T* base, int rank, const cuuint64_t* dims,
+                  const cuuint64_t* strides, const cuuint32_t* box) {
   static const auto encode =
       driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
   if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeTiled unavailable");
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   return encode_status(
-      encode(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-             cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, elem_strides,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      encode(map, tma_type<T>(), cuuint32_t(rank), const_cast<T*>(base), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
       "cuTensorMapEncodeTiled");
 }
 
-// A rows x cols row-major matrix (row stride `ld` elements) in boxes of box_rows x 64.
-inline Status encode_tma_2d(CUtensorMap* map, bool f16, const void* base, uint64_t rows,
-                            uint64_t cols, uint64_t ld, uint32_t box_rows) {
+// A rows x cols row-major matrix (row stride `ld` elements) in boxes of box_rows x 128 bytes.
+template <typename T>
+Status encode_tma_2d(CUtensorMap* map, const T* base, uint64_t rows, uint64_t cols, uint64_t ld,
+                     uint32_t box_rows) {
   const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {ld * 2};
-  const cuuint32_t box[2] = {64, box_rows};
-  return encode_tma(map, f16, base, 2, dims, strides, box);
+  const cuuint64_t strides[1] = {ld * sizeof(T)};
+  const cuuint32_t box[2] = {kBoxRow<T>, box_rows};
+  return encode_tma(map, base, 2, dims, strides, box);
 }
 
-// x (N, H, W, C; 16-bit, C contiguous) as an im2col tensor map: a copy at base pixel (n, h, w)
-// and filter offset (r', s') loads `pixels` consecutive base pixels (w fastest, then h, then n;
+// x (N, H, W, C; C contiguous) as an im2col tensor map: a copy at base pixel (n, h, w) and
+// filter offset (r', s') loads `pixels` consecutive base pixels (w fastest, then h, then n;
 // stepping by the strides inside the window that starts at `lower` (h, w) and holds `out`
-// (h, w) positions per image) x 64 channels, each pixel read at (h + r', w + s'); pixels
-// outside x are zero-filled. Box rows are 128 bytes with the 128-byte swizzle: a k-major
-// operand tile.
-inline Status encode_tma_im2col(CUtensorMap* map, bool f16, const void* base, int64_t n,
-                                int64_t h, int64_t w, int64_t c, const int (&lower)[2],
-                                const int (&out)[2], const int (&stride)[2], uint32_t pixels) {
+// (h, w) positions per image) x 128 bytes of channels, each pixel read at (h + r', w + s');
+// pixels outside x are zero-filled. Box rows are 128 bytes with the 128-byte swizzle: a
+// k-major operand tile.
+template <typename T>
+Status encode_tma_im2col(CUtensorMap* map, const T* base, int64_t n, int64_t h, int64_t w,
+                         int64_t c, const int (&lower)[2], const int (&out)[2],
+                         const int (&stride)[2], uint32_t pixels) {
   static const auto encode =
       driver_entry<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
   if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeIm2col unavailable");
   // Innermost first: (c, w, h, n). The window of base pixels along an axis is
   // [lower, size + upper): (out - 1) * stride + 1 positions.
+  constexpr cuuint64_t e = sizeof(T);
   const cuuint64_t dims[4] = {cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)};
-  const cuuint64_t strides[3] = {cuuint64_t(c) * 2, cuuint64_t(w * c) * 2,
-                                 cuuint64_t(h * w * c) * 2};
+  const cuuint64_t strides[3] = {cuuint64_t(c) * e, cuuint64_t(w * c) * e,
+                                 cuuint64_t(h * w * c) * e};
   const int lo[2] = {lower[1], lower[0]};
   const int up[2] = {lower[1] + (out[1] - 1) * stride[1] + 1 - int(w),
                      lower[0] + (out[0] - 1) * stride[0] + 1 - int(h)};
   const cuuint32_t elem_strides[4] = {1, cuuint32_t(stride[1]), cuuint32_t(stride[0]), 1};
   return encode_status(
-      encode(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-             const_cast<void*>(base), dims, strides, lo, up, 64, pixels, elem_strides,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      encode(map, tma_type<T>(), 4, const_cast<T*>(base), dims, strides, lo, up, kBoxRow<T>,
+             pixels, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
       "cuTensorMapEncodeIm2col");
 }
