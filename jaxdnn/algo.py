@@ -99,17 +99,15 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
       computes in float32, so 16-bit inputs lose nothing);
     - otherwise the tensor-core implicit GEMM with precomputed offsets (fwd, bwd_data, and
       bwd_filter with its ordered split-K): the table lookup beats per-chunk index arithmetic
-      by 10-35% on the 3x3 layers, and the split reduction fills the GPU for bwd_filter;
+      by 10-35% on the 3x3 layers, and the split reduction fills the GPU for bwd_filter.
+      On Hopper its A comes through TMA's im2col mode (16-bit and TF32 fwd and stride-1
+      bwd_data): 188-206 TFLOP/s on l1's 3x3 against implicit_gemm's halo path's 159-176,
+      so the halo path no longer leads fwd or bwd_data anywhere;
     - channels per group not a multiple of 8 (the 3-channel stem): implicit_gemm, which
       pads them to 8 in its workspace (fwd; bwd_filter with split-K, the filter being only a
       few output tiles), ahead of im2col_gemm's patch matrix; for bwd_data im2col_gemm, whose
       GEMM + col2im has T*R*S*Cg on the GEMM's N side (the implicit forms need Cg % 8);
-    - 16-bit 3x3 stride-1 fwd and bwd_data reducing over 64 channels (ResNet's l1 3x3):
-      implicit_gemm, whose halo path reads each 64-channel chunk of a 16x8-pixel tile once
-      by TMA and points every tap's wgmma at it, at 185-198 TFLOP/s against the table
-      gathers' 132-142; with 128+ channels the gathers win or tie (214-226 against 251-270
-      on l2, 219-223 against 222-247 on l3), so those stay on implicit_precomp_gemm;
-    - 16-bit 3x3 stride-1 bwd_filter on the same tiles, any multiple of 64 channels:
+    - 16-bit 3x3 stride-1 bwd_filter on 16x8-pixel tiles, any multiple of 64 channels:
       implicit_gemm_splitk, whose halo path keeps all nine taps' accumulators over one x
       halo and one dy tile, at 276-323 TFLOP/s against the tables' 126-209 (l1-l3);
     - the direct kernel last: no reuse.
@@ -127,7 +125,7 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
     elif stride1 and t == 1 and (min(r, s) >= 7 or (exact_f32 and min(r, s) >= 5)):
         first = ["fft", "fft_tiling"]
     elif _halo_wins(direction, spec, dtype):
-        first = ["implicit_gemm_splitk" if direction == "bwd_filter" else "implicit_gemm"]
+        first = ["implicit_gemm_splitk"]
     elif cg % 8 != 0:
         first = {"fwd": ["implicit_gemm"], "bwd_data": ["im2col_gemm"],
                  "bwd_filter": ["implicit_gemm_splitk"]}[direction]
@@ -146,23 +144,20 @@ def _hopper() -> bool:
 
 
 def _halo_wins(direction: str, spec, dtype: np.dtype) -> bool:
-    """Whether the halo path (cc/conv/cuda_implicit_gemm.cu: halo_applies for implicit_gemm's
-    fwd and bwd_data, halo_filter_applies for implicit_gemm_splitk's bwd_filter) takes a
-    problem where the benchmarks have it ahead: a Hopper GPU, 16-bit, one group, a 3x3
-    stride-1 2-D filter, channel counts multiples of 64 (fwd and bwd_data: reducing over
-    exactly 64), tiles of 16x8 output pixels at least 70% inside the image. Elsewhere
-    implicit_gemm gathers per tap and loses to implicit_precomp_gemm's tables."""
+    """Whether the halo bwd_filter (cc/conv/cuda_implicit_gemm.cu: halo_filter_applies, run
+    by implicit_gemm_splitk) takes a problem where the benchmarks have it ahead: a Hopper GPU,
+    16-bit, one group, a 3x3 stride-1 2-D filter, both channel counts multiples of 64, tiles
+    of 16x8 output pixels at least 70% inside the image. (implicit_gemm's halo fwd and
+    bwd_data now trail implicit_precomp_gemm's im2col path; _cuda_preference.)"""
     _, d, h, w, c = spec.lhs_shape
     t, r, s, _, k = spec.rhs_shape
-    if not _hopper() or dtype.itemsize != 2 or spec.groups != 1 or d != 1 or \
-            (t, r, s) != (1, 3, 3) or spec.stride != (1, 1, 1) or \
+    if direction != "bwd_filter" or not _hopper() or dtype.itemsize != 2 or spec.groups != 1 \
+            or d != 1 or (t, r, s) != (1, 3, 3) or spec.stride != (1, 1, 1) or \
             spec.lhs_dilation != (1, 1, 1) or spec.rhs_dilation != (1, 1, 1):
         return False
     _, _, p, q, _ = spec.out_shape
-    reduced, result, (rows, cols) = (k, c, (h, w)) if direction == "bwd_data" else (c, k, (p, q))
-    covered = -(-rows // 16) * 16 * (-(-cols // 8) * 8)
-    wide_enough = reduced % 64 == 0 if direction == "bwd_filter" else reduced == 64
-    return wide_enough and result % 64 == 0 and 10 * rows * cols >= 7 * covered
+    covered = -(-p // 16) * 16 * (-(-q // 8) * 8)
+    return c % 64 == 0 and k % 64 == 0 and 10 * p * q >= 7 * covered
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,8 +52,9 @@ def test_heuristic_takes_the_first_ranked(monkeypatch):
 
 
 @pytest.mark.parametrize("x, w, pad, dtype, direction, first", [
-    ((64, 56, 56, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "fwd", "implicit_gemm"),  # l1 3x3
-    ((64, 56, 56, 128), (3, 3, 128, 64), 1, jnp.float16, "bwd_data", "implicit_gemm"),
+    # fwd and bwd_data of l1's 3x3: implicit_precomp_gemm's im2col path beats the halo path
+    ((64, 56, 56, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "fwd", "implicit_precomp_gemm"),
+    ((64, 56, 56, 128), (3, 3, 128, 64), 1, jnp.float16, "bwd_data", "implicit_precomp_gemm"),
     ((64, 56, 56, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "bwd_filter", "implicit_gemm_splitk"),
     ((64, 14, 14, 256), (3, 3, 256, 256), 1, jnp.float16, "bwd_filter", "implicit_gemm_splitk"),
     ((64, 14, 14, 256), (3, 3, 256, 96), 1, jnp.bfloat16, "bwd_filter", "implicit_precomp_gemm"),
@@ -63,14 +64,14 @@ def test_heuristic_takes_the_first_ranked(monkeypatch):
     ((64, 56, 56, 64), (3, 3, 64, 96), 1, jnp.bfloat16, "fwd", "implicit_precomp_gemm"),
     ((64, 7, 7, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "fwd", "implicit_precomp_gemm"),  # 38%
 ])
-def test_gpu_heuristic_sends_3x3_to_the_halo_path(x, w, pad, dtype, direction, first,
-                                                   monkeypatch):
+def test_gpu_heuristic_sends_3x3_bwd_filter_to_the_halo_path(x, w, pad, dtype, direction,
+                                                              first, monkeypatch):
     spec = jaxdnn.conv_problem(jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype),
                                padding=pad).spec
     monkeypatch.setattr(algo, "_hopper", lambda: True)
     order = algo._cuda_preference(direction, spec, np.dtype(dtype), depthwise=False)
     assert order[0] == first
-    # Other GPUs have no halo path: implicit_gemm would gather per tap there.
+    # Other GPUs have no halo path: implicit_gemm_splitk would gather per tap there.
     monkeypatch.setattr(algo, "_hopper", lambda: False)
     assert algo._cuda_preference(direction, spec, np.dtype(dtype),
                                  depthwise=False)[0] == "implicit_precomp_gemm"

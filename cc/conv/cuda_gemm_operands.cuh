@@ -19,6 +19,8 @@
 //                                                             bwd_data B, TF32 fwd B (w^T)
 //   TmaIm2col     k-major   pixels x (tap, Cg) through TMA's  implicit_precomp_gemm's wgmma
 //                           im2col mode                       A (fwd, stride-1 bwd_data)
+//   TmaIm2colCols mn-major  (tap, Cg) x pixels, the same      implicit_precomp_gemm's wgmma
+//                                                             bwd_filter A (x^T)
 #pragma once
 
 #include <cstdint>
@@ -447,24 +449,36 @@ struct TmaKRows : TmaKMajor<T, BMN> {
   __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, p.tap_cols); }
 };
 
+// What the im2col loaders share: the map (encode_tma_im2col) and the window of the gathered
+// tensor. Result pixel (n, p, q) of the GEMM reads base (p * stride_h + lo_h, q * stride_w +
+// lo_w) of image n at offset (r * dil_h, s * dil_w) for tap (r, s).
+struct Im2colParams {
+  CUtensorMap map;
+  int Q, PQ;  // result pixels per row and per image
+  int stride_h, stride_w, lo_h, lo_w, dil_h, dil_w, R, S;
+  int cch;    // channels per group
+  bool flip;  // TmaIm2col's bwd_data: tap (r, s) reads the filter's (R-1-r, S-1-s)
+
+  // The base pixel (n, h, w) of result pixel m.
+  __device__ __forceinline__ void base(int m, int& n, int& h, int& w) const {
+    n = m / PQ;
+    const int pq = m - n * PQ, row = pq / Q;
+    h = row * stride_h + lo_h;
+    w = (pq - row * Q) * stride_w + lo_w;
+  }
+};
+
 // A of implicit_precomp_gemm's 2-D forward and stride-1 bwd_data on Hopper, through TMA's
-// im2col mode (encode_tma_im2col): one box per slice, the tile's BMN consecutive result pixels
-// x one slice of channels (64 16-bit, 32 TF32) of one tap, in place of the table lookups and
-// per-chunk cp.asyncs of TableRows. k = (tap, channel) as in TableRows, channels per group a
-// multiple of the slice (a slice is one tap). Result pixel (n, p, q) reads base (p * stride_h + lo_h, q * stride_w + lo_w)
-// at offset (r * dil_h, s * dil_w); bwd_data (the forward of dy with the filter flipped:
-// `flip`) reads tap (r, s) at offset ((R-1-r) * dil_h, (S-1-s) * dil_w) from base lo =
-// pad - dil * (R-1). Rides on B's barrier arrival (B must be a TMA loader too).
+// im2col mode: one box per slice, the tile's BMN consecutive result pixels x one slice of
+// channels (64 16-bit, 32 TF32) of one tap, in place of the table lookups and per-chunk
+// cp.asyncs of TableRows. k = (tap, channel) as in TableRows, channels per group a multiple
+// of the slice (a slice is one tap). bwd_data is the forward of dy with the filter flipped
+// (`flip`), from base lo = pad - dil * (R-1). Rides on B's barrier arrival (B must be a TMA
+// loader too).
 template <typename T, int BMN, int THREADS>
 struct TmaIm2col : TmaKMajor<T, BMN> {
   using TmaKMajor<T, BMN>::kBytes;
-  struct Params {
-    CUtensorMap map;
-    int Q, PQ;                 // result pixels per row and per image
-    int stride_h, stride_w, lo_h, lo_w, dil_h, dil_w, R, S;
-    int cch;                   // channels per group
-    bool flip;
-  };
+  using Params = Im2colParams;
 
   const Params& p;
   int n, h, w, c0;  // the tile's first base pixel; the group's first channel
@@ -472,10 +486,7 @@ struct TmaIm2col : TmaKMajor<T, BMN> {
 
   __device__ __forceinline__ TmaIm2col(const Params& params, int mn0, int g, int kt0, int)
       : p(params), c0(g * params.cch) {
-    n = mn0 / p.PQ;
-    const int pq = mn0 - n * p.PQ, row = pq / p.Q;
-    h = row * p.stride_h + p.lo_h;
-    w = (pq - row * p.Q) * p.stride_w + p.lo_w;
+    p.base(mn0, n, h, w);
     k.set(kt0 * Elems<T>::kBK, p.cch);
   }
 
@@ -492,6 +503,54 @@ struct TmaIm2col : TmaKMajor<T, BMN> {
   }
 
   __device__ __forceinline__ void next() { k.advance(Elems<T>::kBK, p.cch); }
+};
+
+// A of implicit_precomp_gemm's 2-D bwd_filter on Hopper (x^T, mn-major: rows (tap, c), k =
+// output pixels), through the forward's im2col map read kBK pixels at a time: per 64-row
+// block of the tile, one box of the slice's kBK consecutive output pixels x 64 channels of
+// one tap, placed as TmaMn places its boxes (16-bit; channels per group a multiple of 64, so
+// that a block is one tap). Blocks past the taps * cch rows re-read the last block into rows
+// that are not stored. Rides on B's barrier arrival, as TmaIm2col.
+template <typename T, int BMN, int THREADS>
+struct TmaIm2colCols : Elems<T> {
+  static constexpr bool kKMajor = false;
+  static constexpr bool kTma = true;
+  static constexpr int kBlocks = BMN / 64;
+  using TileT = MnMajorTile<T, BMN, Elems<T>::kBK>;
+  static constexpr uint32_t kBytes = uint32_t(BMN) * kSliceBytes;  // per slice
+  static_assert(sizeof(T) == 2 && BMN % 64 == 0, "TMA boxes of 64 16-bit channels");
+  using Params = Im2colParams;
+
+  const Params& p;
+  int c[kBlocks];                           // each block's channel
+  uint16_t off_h[kBlocks], off_w[kBlocks];  // and filter offset
+  int m;                                    // the current slice's first output pixel
+
+  __device__ __forceinline__ TmaIm2colCols(const Params& params, int mn0, int g, int kt0, int)
+      : p(params), m(kt0 * Elems<T>::kBK) {
+    const int rows = p.R * p.S * p.cch;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      const int row = min(mn0 + 64 * b, rows - 64);
+      const int tap = row / p.cch, r = tap / p.S;
+      c[b] = g * p.cch + row - tap * p.cch;
+      off_h[b] = uint16_t(r * p.dil_h);
+      off_w[b] = uint16_t((tap - r * p.S) * p.dil_w);
+    }
+  }
+
+  // Thread 0 only, before B's load (whose arrival completes the slot's phase).
+  __device__ __forceinline__ void load(uint32_t tile, uint32_t bar) {
+    int n, h, w;
+    p.base(m, n, h, w);
+    mbar_expect_more(bar, kBytes);
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b)
+      tma_load_im2col(tile + uint32_t(b * Elems<T>::kBK * kSliceBytes), &p.map, c[b], w, h, n,
+                      off_w[b], off_h[b], bar);
+  }
+
+  __device__ __forceinline__ void next() { m += Elems<T>::kBK; }
 };
 
 }  // namespace jaxdnn::conv::gemm

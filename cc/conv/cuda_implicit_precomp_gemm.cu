@@ -147,11 +147,12 @@ Status launch_mn_b(const Args& a, const typename AL::Params& ap,
   }
 }
 
-// Whether A comes through TMA's im2col mode (TmaIm2col) instead of the table: 16-bit or TF32
-// on Hopper with B through TMA (tma_b; bwd_data: one group, as TmaKRows), a 2-D (or 1-D)
-// filter, no lhs dilation, channels per group (Kg in bwd_data) a multiple of the slice (64
-// 16-bit, 32 TF32); fwd with strides up to 8, bwd_data stride 1; window corners and filter
-// offsets within the im2col mode's ranges for a 4-D tensor ([-128, 127] and [0, 255]).
+// Whether A comes through TMA's im2col mode (TmaIm2col; bwd_filter's x^T TmaIm2colCols)
+// instead of the table: 16-bit, or TF32 outside bwd_filter, on Hopper with B through TMA
+// (tma_b; bwd_data: one group, as TmaKRows), a 2-D (or 1-D) filter, no lhs dilation, channels
+// per group (Kg in bwd_data) a multiple of the slice (64 16-bit, 32 TF32); fwd and bwd_filter
+// with strides up to 8, bwd_data stride 1; window corners and filter offsets within the
+// im2col mode's ranges for a 4-D tensor ([-128, 127] and [0, 255]).
 // JAXDNN_CONV_NO_IM2COL_TMA=1 keeps the table (benchmarks compare the two).
 struct Im2colView {
   int lower[2], out[2], stride[2], size[2];
@@ -180,7 +181,8 @@ bool im2col_tma_applies(const Args& a) {
     return e != nullptr && e[0] == '1';
   }();
   const Problem& p = a.p;
-  if (off || (a.in == DType::kF32 && !a.tf32) || a.dir == Direction::kBwdFilter ||
+  // (bwd_filter reads x^T mn-major, which wgmma takes in 16 bits only.)
+  if (off || (a.in == DType::kF32 && (!a.tf32 || a.dir == Direction::kBwdFilter)) ||
       !use_wgmma() || !tma_b(a))
     return false;
   // (A tensor map cannot have an empty dimension: empty problems keep the table path, which
@@ -219,6 +221,32 @@ Status weight_rows_b(const Args& a, const void* w, int bn, TmaKRowsParams* bp) {
   return bp->encode(static_cast<const T*>(w), a.p.filt_spatial() * a.p.C, a.p.K, bn);
 }
 
+// The im2col loaders' parameters: the map of x (dy in bwd_data) read `pixels` at a time.
+template <typename T>
+Status im2col_params(const Args& a, const Buffers& b, uint32_t pixels, Im2colParams* ap) {
+  const Problem& p = a.p;
+  const bool bwd = a.dir == Direction::kBwdData;
+  const Im2colView v = im2col_view(a);
+  if (Status st = encode_tma_im2col(&ap->map, static_cast<const T*>(bwd ? b.y : b.x), p.N,
+                                    v.size[0], v.size[1], v.channels, v.lower, v.out, v.stride,
+                                    pixels);
+      !st.ok())
+    return st;
+  ap->Q = v.out[1];
+  ap->PQ = int(v.rows);
+  ap->stride_h = v.stride[0];
+  ap->stride_w = v.stride[1];
+  ap->lo_h = v.lower[0];
+  ap->lo_w = v.lower[1];
+  ap->dil_h = int(p.rhs_dil[1]);
+  ap->dil_w = int(p.rhs_dil[2]);
+  ap->R = int(p.filt[1]);
+  ap->S = int(p.filt[2]);
+  ap->cch = int(bwd ? p.Kg() : p.Cg());
+  ap->flip = bwd;
+  return Status::Ok();
+}
+
 template <Mode kMode>
 Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
   using T = typename ModeTraits<kMode>::T;
@@ -227,51 +255,46 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
   } else {
     const Problem& p = a.p;
     const Shape s = shape_of(a);
-    const bool bwd = a.dir == Direction::kBwdData;
-    const Im2colView v = im2col_view(a);
+    const Direction dir = a.dir;
     constexpr bool kTf32 = kMode == Mode::kTf32;
     T* wt = weight_at<T>(a, ws);
-    if (kTf32 && !bwd) {  // w^T: group g's Kg x Kd block at row g * Kg
+    if (kTf32 && dir == Direction::kFwd) {  // w^T: group g's Kg x Kd block at row g * Kg
       if (Status st = transpose(static_cast<const T*>(b.w), wt, int(s.Kd), int(s.N), p.K,
                                 int(p.G), stream);
           !st.ok())
         return st;
     }
-    return with_tile<kMode>(s.N, true, [&](auto tile) -> Status {
+    return with_tile<kMode>(s.N, dir != Direction::kBwdFilter, [&](auto tile) -> Status {
       using C = decltype(tile);
       if constexpr (!C::kWgmma) {
         return Status::Error("conv implicit_precomp_gemm: im2col TMA runs on wgmma only");
       } else {
+        Im2colParams ap;
+        if (dir == Direction::kBwdFilter) {
+          if constexpr (!kTf32) {  // B = dy, mn-major (TmaMn)
+            if (Status st = im2col_params<T>(a, b, uint32_t(C::BK), &ap); !st.ok()) return st;
+            const MatrixParams<T> bp{static_cast<const T*>(b.y), p.K, int(s.Kd), int(s.N),
+                                     p.Kg()};
+            void* partials = static_cast<char*>(ws) + table_bytes(a);  // as run_mode's
+            return launch_mn_b<kMode, C, TmaIm2colCols<T, C::BM, C::kThreads>>(
+                a, ap, bp, p.K, b.result, filter_split(a), partials, stream,
+                "conv implicit_precomp_gemm bwd_filter gemm_kernel");
+          }
+          return Status::Error("conv implicit_precomp_gemm: bwd_filter im2col takes 16 bits");
+        }
+        if (Status st = im2col_params<T>(a, b, uint32_t(C::BM), &ap); !st.ok()) return st;
         using AL = TmaIm2col<T, C::BM, C::kThreads>;
-        typename AL::Params ap;
-        if (Status st = encode_tma_im2col(&ap.map, static_cast<const T*>(bwd ? b.y : b.x), p.N,
-                                          v.size[0], v.size[1], v.channels, v.lower, v.out,
-                                          v.stride, uint32_t(C::BM));
-            !st.ok())
-          return st;
-        ap.Q = v.out[1];
-        ap.PQ = int(v.rows);
-        ap.stride_h = v.stride[0];
-        ap.stride_w = v.stride[1];
-        ap.lo_h = v.lower[0];
-        ap.lo_w = v.lower[1];
-        ap.dil_h = int(p.rhs_dil[1]);
-        ap.dil_w = int(p.rhs_dil[2]);
-        ap.R = int(p.filt[1]);
-        ap.S = int(p.filt[2]);
-        ap.cch = int(bwd ? p.Kg() : p.Cg());
-        ap.flip = bwd;
+        const bool bwd = dir == Direction::kBwdData;
         const char* name = bwd ? "conv implicit_precomp_gemm bwd_data gemm_kernel"
                                : "conv implicit_precomp_gemm fwd gemm_kernel";
         if constexpr (!kTf32) {
           if (!bwd) {  // B = w, mn-major (TmaMn)
-            const MatrixParams<T> bp{static_cast<const T*>(b.w), a.p.K, int(s.Kd), int(s.N),
-                                     a.p.Kg()};
-            return launch_mn_b<kMode, C, AL>(a, ap, bp, a.p.K, b.result, Reduce::kNone,
-                                             nullptr, stream, name);
+            const MatrixParams<T> bp{static_cast<const T*>(b.w), p.K, int(s.Kd), int(s.N),
+                                     p.Kg()};
+            return launch_mn_b<kMode, C, AL>(a, ap, bp, p.K, b.result, Reduce::kNone, nullptr,
+                                             stream, name);
           }
         }
-        using BL = TmaKRows<T, C::BN, C::kThreads>;
         TmaKRowsParams bp;
         if (bwd) {
           if (Status st = weight_rows_b<T>(a, b.w, C::BN, &bp); !st.ok()) return st;
@@ -282,8 +305,8 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
           if (Status st = bp.encode(static_cast<const T*>(wt), p.K, s.Kd, C::BN); !st.ok())
             return st;
         }
-        return launch<kMode, C, AL, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
-                                        name);
+        return launch<kMode, C, AL, TmaKRows<T, C::BN, C::kThreads>>(
+            a, ap, bp, b.result, Reduce::kNone, nullptr, stream, name);
       }
     });
   }
