@@ -95,8 +95,10 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
       so it stays on mma.sync), but no longer fwd or bwd_data, which run TF32 on Hopper's
       wgmma at 72-123 TFLOP/s against winograd_nonfused's 48-76;
     - 7x7 stride-1 filters (5x5 in exact float32): the FFT, whose cost does not grow with the
-      filter: 118-191 TFLOP/s-equivalent against 20-185 for the GEMMs, in every dtype (it
-      computes in float32, so 16-bit inputs lose nothing);
+      filter: 118-191 TFLOP/s-equivalent against 20-185 for the table-gather GEMMs (it
+      computes in float32, so 16-bit inputs lose nothing); except where implicit_precomp_gemm
+      reads A through TMA's im2col mode (_im2col_wins): there it runs 206-464 TFLOP/s in
+      16 bits and 170-248 in TF32 against the FFT's 138-219;
     - otherwise the tensor-core implicit GEMM with precomputed offsets (fwd, bwd_data, and
       bwd_filter with its ordered split-K): the table lookup beats per-chunk index arithmetic
       by 10-35% on the 3x3 layers, and the split reduction fills the GPU for bwd_filter.
@@ -122,7 +124,8 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
     wide_filter = direction == "bwd_filter" and cg >= 128
     if dtype == np.float32 and stride1 and (t, r, s) == (1, 3, 3) and (exact_f32 or wide_filter):
         first = ["winograd_nonfused"]
-    elif stride1 and t == 1 and (min(r, s) >= 7 or (exact_f32 and min(r, s) >= 5)):
+    elif stride1 and t == 1 and (min(r, s) >= 7 or (exact_f32 and min(r, s) >= 5)) and \
+            not _im2col_wins(direction, spec, dtype):
         first = ["fft", "fft_tiling"]
     elif _halo_wins(direction, spec, dtype):
         first = ["implicit_gemm_splitk"]
@@ -141,6 +144,23 @@ def _hopper() -> bool:
         return str(getattr(jax.devices("gpu")[0], "compute_capability", "")).startswith("9")
     except RuntimeError:  # no GPU backend
         return False
+
+
+def _im2col_wins(direction: str, spec, dtype: np.dtype) -> bool:
+    """Whether implicit_precomp_gemm reads its A operand through TMA's im2col mode
+    (cc/conv/cuda_implicit_precomp_gemm.cu: im2col_tma_applies, whose window and offset ranges
+    a stride-1 7x7 filter always meets): a Hopper GPU, one group, a 2-D filter without lhs
+    dilation, and the reduced channels a multiple of the 128-byte slice: 16-bit with C (fwd,
+    bwd_filter) or K (bwd_data) a multiple of 64; TF32 fwd and bwd_data with a multiple of 32
+    (bwd_filter reads x^T mn-major, which wgmma takes in 16 bits only)."""
+    _, d, _, _, c = spec.lhs_shape
+    t, _, _, _, k = spec.rhs_shape
+    if not _hopper() or spec.groups != 1 or d != 1 or t != 1 or spec.lhs_dilation != (1, 1, 1):
+        return False
+    reduced = k if direction == "bwd_data" else c
+    if dtype.itemsize == 2:
+        return reduced % 64 == 0
+    return dtype == np.float32 and spec.tf32 and direction != "bwd_filter" and reduced % 32 == 0
 
 
 def _halo_wins(direction: str, spec, dtype: np.dtype) -> bool:

@@ -77,6 +77,26 @@ def test_gpu_heuristic_sends_3x3_bwd_filter_to_the_halo_path(x, w, pad, dtype, d
                                  depthwise=False)[0] == "implicit_precomp_gemm"
 
 
+@pytest.mark.parametrize("x, w, dtype, precision, direction, first", [
+    ((64, 56, 56, 64), (7, 7, 64, 64), jnp.bfloat16, None, "fwd", "implicit_precomp_gemm"),
+    ((64, 28, 28, 128), (7, 7, 128, 128), jnp.float16, None, "bwd_filter",
+     "implicit_precomp_gemm"),
+    ((64, 28, 28, 128), (7, 7, 128, 96), jnp.bfloat16, None, "bwd_data", "fft"),  # K % 64
+    ((64, 28, 28, 96), (7, 7, 96, 128), jnp.float32, None, "fwd", "implicit_precomp_gemm"),
+    ((64, 28, 28, 96), (7, 7, 96, 128), jnp.float32, None, "bwd_filter", "fft"),  # TF32
+    ((64, 28, 28, 96), (7, 7, 96, 128), jnp.float32, "highest", "fwd", "fft"),  # exact
+])
+def test_gpu_heuristic_7x7_im2col_or_fft(x, w, dtype, precision, direction, first,
+                                         monkeypatch):
+    spec = jaxdnn.conv_problem(jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype),
+                               padding=3, precision=precision).spec
+    monkeypatch.setattr(algo, "_hopper", lambda: True)
+    assert algo._cuda_preference(direction, spec, np.dtype(dtype), depthwise=False)[0] == first
+    # Without Hopper's im2col mode the GEMMs gather through tables: the FFT leads.
+    monkeypatch.setattr(algo, "_hopper", lambda: False)
+    assert algo._cuda_preference(direction, spec, np.dtype(dtype), depthwise=False)[0] == "fft"
+
+
 def test_deterministic_and_workspace_limits(monkeypatch):
     fake_registry(monkeypatch, ENTRIES)
     c = select((False, True, -1))
