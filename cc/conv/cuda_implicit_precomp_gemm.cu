@@ -13,6 +13,9 @@
 // takes 32-bit operands k-major only), written into the workspace by a first kernel.
 // Workspace = pixels * T*R*S * 4 bytes (rounded up to 256) + the split-K partials + (TF32 fwd)
 // the transposed w, each rounded up to 256 bytes.
+// On Hopper, where im2col_tma_applies, the activation operand comes instead through TMA's
+// im2col mode (TmaIm2col, TmaIm2colCols): one copy per slice and 64-row block, no table (its
+// workspace stays reserved); 1.1-1.4x over the table gathers (benchmarks/NOTES.md, session 9).
 // Strided bwd_data (no lhs dilation) runs as residue classes (strided_classes.h): per class
 // this algorithm's stride-1 forward on dy and the class's sub-filter, into a dense buffer,
 // then one scatter into dx; on a 3x3 stride-2 layer that is 9/4 instead of 9 taps of GEMM
