@@ -296,6 +296,14 @@ __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&ac
   }
 }
 
+// Whether B is a TMA loader (then its arrive.expect_tx completes a slot's phase); a TMA A
+// rides on that arrival, so it needs a TMA B.
+template <typename AL, typename BL>
+constexpr bool tma_b_loader() {
+  static_assert(!AL::kTma || BL::kTma, "a TMA A rides on B's barrier arrival");
+  return BL::kTma;
+}
+
 // Issues one slice's loads into the tiles at `at`, `bt` and moves both loaders on: cp.async
 // loaders by all their threads, TMA loaders by thread 0 onto `bar` (a TMA A first: B's
 // arrival is the one that can complete the phase).
@@ -325,8 +333,7 @@ wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
              int k_tiles, int per_split, int splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename ModeTraits<kMode>::T;
-  static_assert(!ALoader::kTma || BLoader::kTma, "a TMA A rides on B's barrier arrival");
-  constexpr bool kTmaB = BLoader::kTma;
+  constexpr bool kTmaB = tma_b_loader<ALoader, BLoader>();
   extern __shared__ unsigned char smem[];
   // B (and A) through TMA: one barrier per ring slot, completed by the slot's copy bytes; the
   // k-th use of slot s completes phase k % 2 (bit s of `phases` is the next one to wait for).
@@ -437,8 +444,7 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
                 int k_tiles, int per_split, int splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename ModeTraits<kMode>::T;
-  static_assert(!ALoader::kTma || BLoader::kTma, "a TMA A rides on B's barrier arrival");
-  constexpr bool kTmaB = BLoader::kTma;
+  constexpr bool kTmaB = tma_b_loader<ALoader, BLoader>();
   // Both operands by TMA: thread 0 alone produces, and B's arrive.expect_tx is the only
   // arrival on a full barrier.
   constexpr bool kAllTma = ALoader::kTma && kTmaB;
