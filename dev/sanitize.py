@@ -122,6 +122,8 @@ CONV_GRID = [  # (name, x shape, w shape, conv_general_dilated keywords)
     ("split_k", (4, 30, 30, 64), (3, 3, 64, 64), dict(window_strides=(1, 1), padding="SAME")),
     ("halo_two_chunks", (2, 28, 21, 128), (3, 3, 128, 128),
      dict(window_strides=(1, 1), padding=((2, 0), (0, 2)))),
+    ("wide_256", (2, 9, 7, 256), (3, 3, 256, 256),
+     dict(window_strides=(1, 1), padding=((1, 0), (0, 2)))),
     ("stem", (2, 17, 17, 3), (7, 7, 3, 64), dict(window_strides=(2, 2),
                                                  padding=((3, 3), (3, 3)))),
     ("depthwise", (2, 12, 13, 24), (3, 3, 1, 24),

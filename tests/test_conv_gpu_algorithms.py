@@ -59,6 +59,13 @@ GRID = [
     ("im2col_groups", (2, 9, 10, 128), (3, 3, 64, 128), dict(window_strides=(1, 1),
                                                             padding="SAME",
                                                             feature_group_count=2)),
+    # 256-column tiles (16-bit im2col, one group, N a multiple of 256; the l3-l4 layers):
+    # 126 pixels (one partial M tile), asymmetric padding; a 1x1 stride-2 layer with 512
+    # outputs (two N tiles) and bwd_data by residue classes.
+    ("im2col_256_columns", (2, 9, 7, 256), (3, 3, 256, 256),
+     dict(window_strides=(1, 1), padding=((1, 0), (0, 2)))),
+    ("im2col_512_outputs_s2", (3, 5, 11, 64), (1, 1, 64, 512),
+     dict(window_strides=(2, 2), padding="VALID")),
     # TF32 through im2col (a slice is 32 channels): 32 inputs, 96 outputs (three slices per tap
     # of bwd_data), a 2x3 filter with asymmetric padding; 16-bit keeps the table here.
     ("im2col_tf32_32_channels", (2, 7, 11, 32), (2, 3, 32, 96),

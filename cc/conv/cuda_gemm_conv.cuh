@@ -47,6 +47,7 @@ template <typename T> using TileWide = Tile<T, 128, 128, 64, 64, 3>;
 template <typename T> using WgTileNarrow = WgTile<T, 128, 64>;
 template <typename T> using WgTileWide = WgTile<T, 128, 128>;
 template <typename T> using WsTileWide = WsTile<T, 128, 128>;
+template <typename T> using WsTileWider = WsTile<T, 128, 256>;
 
 constexpr int kTileM = 128;
 inline int tile_n(int64_t N) { return N <= 64 ? 64 : 128; }
@@ -79,6 +80,16 @@ inline bool use_ws() {
   return !off;
 }
 
+// 256-column tiles where with_tile allows them, unless JAXDNN_CONV_NO_BN256=1 (benchmarks
+// compare the two).
+inline bool use_wider() {
+  static const bool off = [] {
+    const char* e = std::getenv("JAXDNN_CONV_NO_BN256");
+    return e != nullptr && e[0] == '1';
+  }();
+  return !off;
+}
+
 // Whether a GEMM of mode kMode (not 3xTF32) runs on wgmma; `k_major` says that both of its
 // operand loaders are k-major (TF32 needs it).
 template <Mode kMode>
@@ -87,11 +98,17 @@ bool wgmma_mode(bool k_major) {
 }
 
 // Runs fn(tile config) for a GEMM of mode kMode with N columns; `k_major` as in wgmma_mode.
-template <Mode kMode, typename Fn>
-Status with_tile(int64_t N, bool k_major, Fn&& fn) {
+// kAllTma: both operand loaders are TMA ones, and `wider` (one group, so that no 64-column box
+// of a 256-column tile reaches into the next group's columns) allows 256-column 16-bit tiles
+// where N is a multiple of 256.
+template <Mode kMode, bool kAllTma = false, typename Fn>
+Status with_tile(int64_t N, bool k_major, Fn&& fn, bool wider = false) {
   using T = typename ModeTraits<kMode>::T;
   if constexpr (kMode != Mode::k3xTf32) {
     if (wgmma_mode<kMode>(k_major)) {
+      if constexpr (kAllTma && sizeof(T) == 2) {
+        if (wider && N % 256 == 0 && use_ws() && use_wider()) return fn(WsTileWider<T>{});
+      }
       if (N <= 64) return fn(WgTileNarrow<T>{});
       if (use_ws()) return fn(WsTileWide<T>{});
       return fn(WgTileWide<T>{});

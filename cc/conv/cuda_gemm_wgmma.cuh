@@ -66,18 +66,27 @@ struct WgTile {
 // BM / 64 consumer warpgroups of 64 x BN; a ring of 5 slices and a
 // staging area of its own for the epilogue (float results: 64 x BN x 4 bytes per consumer),
 // 225 KB wide, 153 KB narrow: one CTA per SM.
+// 256 columns (16-bit, both operands by TMA: kTmaOnly): one producer warpgroup (thread 0
+// issues every copy), a ring of 4 slices of 48 KB, and the results staged 64 columns at a
+// time (kStageCols): 225 KB. Per slice it reads 48 KB for 4.2 MFLOP where the 128-column tile
+// reads 32 KB for 2.1: A is fetched from L2 once per 256 columns instead of twice.
 template <typename T, int BM_, int BN_>
 struct WsTile {
   static constexpr bool kWgmma = true, kWs = true;
-  static constexpr int BM = BM_, BN = BN_, kStages = 5;
-  static constexpr int kThreads = 256;
+  static constexpr int BM = BM_, BN = BN_;
+  static constexpr bool kTmaOnly = BN == 256;
+  static constexpr int kStages = kTmaOnly ? 4 : 5;
+  static constexpr int kThreads = kTmaOnly ? 128 : 256;
   static constexpr int kLaunchThreads = kThreads + 128 * (BM / 64);
   static constexpr int BK = Elems<T>::kBK;
   static constexpr int kStageBytes = (BM + BN) * kSliceBytes;
-  static constexpr int kStagingBytes = BM * BN * 4;
+  static constexpr int kStageCols = kTmaOnly ? 64 : BN;  // result columns per staging round
+  static constexpr int kStagingBytes = BM * kStageCols * 4;
   static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "wgmma path: 16-bit or TF32 inputs");
-  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128), "tile shape");
+  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128 || (BN == 256 && sizeof(T) == 2)),
+                "tile shape");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
 };
 
 // Whether the wgmma kernel can take these operands: TF32 needs both k-major.
@@ -118,8 +127,18 @@ __device__ __forceinline__ void fence_proxy_async() {
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
   "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
   "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define JD_WG_REGS128                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "  \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "  \
+  "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "     \
+  "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "  \
+  "%123, %124, %125, %126, %127}"
 #define JD_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define JD_F16(i) JD_F4(i), JD_F4(i + 4), JD_F4(i + 8), JD_F4(i + 12)
+#define JD_F64(i) JD_F16(i), JD_F16(i + 16), JD_F16(i + 32), JD_F16(i + 48)
 // d += A * B for a 64 x N x 16 block; A, B in shared memory, transposed (mn-major) when TA/TB.
 #define JD_WGMMA(N, NREG, TY, REGS, ...)                                                     \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                   \
@@ -133,6 +152,9 @@ __device__ __forceinline__ void fence_proxy_async() {
 #define JD_NEXT_64 "65"
 #define JD_NEXT2_64 "66"
 #define JD_NEXT3_64 "67"
+#define JD_NEXT_128 "129"
+#define JD_NEXT2_128 "130"
+#define JD_NEXT3_128 "131"
 
 // d += A * B for a 64 x N x 8 block of TF32 (both operands k-major).
 #define JD_WGMMA_TF32(N, NREG, REGS, ...)                                                    \
@@ -151,24 +173,33 @@ __device__ __forceinline__ void wgmma(float (&d)[BN / 2], uint64_t da, uint64_t 
   } else if constexpr (BN == 64) {
     if constexpr (kMode == Mode::kF16) JD_WGMMA(64, 32, "f16", JD_WG_REGS32, JD_F16(0), JD_F16(16));
     else JD_WGMMA(64, 32, "bf16", JD_WG_REGS32, JD_F16(0), JD_F16(16));
-  } else {
+  } else if constexpr (BN == 128) {
     if constexpr (kMode == Mode::kF16) JD_WGMMA(128, 64, "f16", JD_WG_REGS64, JD_F16(0), JD_F16(16), JD_F16(32), JD_F16(48));
     else JD_WGMMA(128, 64, "bf16", JD_WG_REGS64, JD_F16(0), JD_F16(16), JD_F16(32), JD_F16(48));
+  } else {
+    static_assert(BN == 256, "wgmma widths 64, 128, 256");
+    if constexpr (kMode == Mode::kF16) JD_WGMMA(256, 128, "f16", JD_WG_REGS128, JD_F64(0), JD_F64(64));
+    else JD_WGMMA(256, 128, "bf16", JD_WG_REGS128, JD_F64(0), JD_F64(64));
   }
 }
 
 #undef JD_WGMMA
 #undef JD_WGMMA_TF32
+#undef JD_F64
 #undef JD_F16
 #undef JD_F4
 #undef JD_WG_REGS32
 #undef JD_WG_REGS64
+#undef JD_WG_REGS128
 #undef JD_NEXT_32
 #undef JD_NEXT2_32
 #undef JD_NEXT3_32
 #undef JD_NEXT_64
 #undef JD_NEXT2_64
 #undef JD_NEXT3_64
+#undef JD_NEXT_128
+#undef JD_NEXT2_128
+#undef JD_NEXT3_128
 
 // One output tile of the persistent schedule: tile t -> (n tile fastest, then m tile, then
 // group x split), so the CTAs running together share rows of A in L2.
@@ -293,6 +324,23 @@ __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&ac
     else
       stage_rows<T, BN>(acc, stg, wq, lane, t, wg,
                         DenseRows<T>{static_cast<T*>(epi.out) + at, epi.ldo, rows}, cols);
+  }
+}
+
+// store_tile over blocks of BC columns (the staging area holds BC columns of the warpgroup's
+// 64 rows): block cb's fragments are acc[cb * BC / 2 ..], by m64nN's layout (n8 block i in
+// acc[4i .. 4i + 3]).
+template <typename T, int BN, int BC>
+__device__ __forceinline__ void store_tile_blocks(const Epilogue& epi, const float (&acc)[BN / 2],
+                                                  unsigned char* stg, int M, int N, TileJob j,
+                                                  int row0, int wq, int lane, int t, int wg) {
+#pragma unroll
+  for (int cb = 0; cb < BN / BC; ++cb) {
+    if (cb > 0)  // the previous block's staged rows have been read back
+      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+    store_tile<T, BC>(epi, *reinterpret_cast<const float(*)[BC / 2]>(&acc[cb * (BC / 2)]), stg,
+                      M, N, j, row0, wq, lane, t, wg);
+    j.n0 += BC;
   }
 }
 
@@ -448,6 +496,7 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
   // Both operands by TMA: thread 0 alone produces, and B's arrive.expect_tx is the only
   // arrival on a full barrier.
   constexpr bool kAllTma = ALoader::kTma && kTmaB;
+  static_assert(kAllTma || !C::kTmaOnly, "one producer warpgroup issues TMA copies only");
   constexpr int S = C::kStages, kLag = 2;  // slices whose cp.asyncs may still be in flight
   static_assert(kLag <= S - 2, "a consumer releases slice q once slice q + 1 is full");
   extern __shared__ unsigned char smem[];
@@ -502,7 +551,8 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
   } else {  // consumer warpgroup cw: rows 64 cw.. of each tile
     const int cw = wg - kProducerWgs, ct = tid & 127, lane = tid & 31, wq = ct >> 5;
     const uint32_t a_wg = uint32_t(cw * 64 * kSliceBytes);
-    unsigned char* stg = smem + (base - smem_addr(smem)) + S * C::kStageBytes + cw * 64 * C::BN * 4;
+    unsigned char* stg =
+        smem + (base - smem_addr(smem)) + S * C::kStageBytes + cw * 64 * C::kStageCols * 4;
     float acc[C::BN / 2];
     int q = 0;  // slices consumed so far
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -520,7 +570,8 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
       }
       wgmma_wait<0>();
       if (j.nk > 0 && lane == 0) mbar_arrive(empty_bar((q - 1) % S));
-      store_tile<T, C::BN>(epi, acc, stg, M, N, j, cw * 64, wq, lane, ct, cw);
+      store_tile_blocks<T, C::BN, C::kStageCols>(epi, acc, stg, M, N, j, cw * 64, wq, lane, ct,
+                                                 cw);
       // The staging rows are read back by other threads of the warpgroup: all done before the
       // next tile's fragments overwrite them.
       asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");

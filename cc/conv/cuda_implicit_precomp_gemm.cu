@@ -267,7 +267,7 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
           !st.ok())
         return st;
     }
-    return with_tile<kMode>(s.N, dir != Direction::kBwdFilter, [&](auto tile) -> Status {
+    return with_tile<kMode, true>(s.N, dir != Direction::kBwdFilter, [&](auto tile) -> Status {
       using C = decltype(tile);
       if constexpr (!C::kWgmma) {
         return Status::Error("conv implicit_precomp_gemm: im2col TMA runs on wgmma only");
@@ -311,7 +311,7 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
         return launch<kMode, C, AL, TmaKRows<T, C::BN, C::kThreads>>(
             a, ap, bp, b.result, Reduce::kNone, nullptr, stream, name);
       }
-    });
+    }, p.G == 1);
   }
 }
 
