@@ -99,14 +99,14 @@ bool wgmma_mode(bool k_major) {
 
 // Runs fn(tile config) for a GEMM of mode kMode with N columns; `k_major` as in wgmma_mode.
 // kAllTma: both operand loaders are TMA ones, and `wider` (one group, so that no 64-column box
-// of a 256-column tile reaches into the next group's columns) allows 256-column 16-bit tiles
-// where N is a multiple of 256.
+// of a 256-column tile reaches into the next group's columns) allows 256-column tiles where N
+// is a multiple of 256.
 template <Mode kMode, bool kAllTma = false, typename Fn>
 Status with_tile(int64_t N, bool k_major, Fn&& fn, bool wider = false) {
   using T = typename ModeTraits<kMode>::T;
   if constexpr (kMode != Mode::k3xTf32) {
     if (wgmma_mode<kMode>(k_major)) {
-      if constexpr (kAllTma && sizeof(T) == 2) {
+      if constexpr (kAllTma) {
         if (wider && N % 256 == 0 && use_ws() && use_wider()) return fn(WsTileWider<T>{});
       }
       if (N <= 64) return fn(WgTileNarrow<T>{});

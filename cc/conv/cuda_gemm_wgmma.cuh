@@ -66,7 +66,7 @@ struct WgTile {
 // BM / 64 consumer warpgroups of 64 x BN; a ring of 5 slices and a
 // staging area of its own for the epilogue (float results: 64 x BN x 4 bytes per consumer),
 // 225 KB wide, 153 KB narrow: one CTA per SM.
-// 256 columns (16-bit, both operands by TMA: kTmaOnly): one producer warpgroup (thread 0
+// 256 columns (both operands by TMA: kTmaOnly): one producer warpgroup (thread 0
 // issues every copy), a ring of 4 slices of 48 KB, and the results staged 64 columns at a
 // time (kStageCols): 225 KB. Per slice it reads 48 KB for 4.2 MFLOP where the 128-column tile
 // reads 32 KB for 2.1: A is fetched from L2 once per 256 columns instead of twice.
@@ -84,8 +84,7 @@ struct WsTile {
   static constexpr int kStagingBytes = BM * kStageCols * 4;
   static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "wgmma path: 16-bit or TF32 inputs");
-  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128 || (BN == 256 && sizeof(T) == 2)),
-                "tile shape");
+  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128 || BN == 256), "tile shape");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
 };
 
@@ -169,7 +168,8 @@ __device__ __forceinline__ void wgmma(float (&d)[BN / 2], uint64_t da, uint64_t 
   if constexpr (kMode == Mode::kTf32) {
     static_assert(!kTA && !kTB, "TF32 wgmma reads k-major operands only");
     if constexpr (BN == 64) JD_WGMMA_TF32(64, 32, JD_WG_REGS32, JD_F16(0), JD_F16(16));
-    else JD_WGMMA_TF32(128, 64, JD_WG_REGS64, JD_F16(0), JD_F16(16), JD_F16(32), JD_F16(48));
+    else if constexpr (BN == 128) JD_WGMMA_TF32(128, 64, JD_WG_REGS64, JD_F16(0), JD_F16(16), JD_F16(32), JD_F16(48));
+    else JD_WGMMA_TF32(256, 128, JD_WG_REGS128, JD_F64(0), JD_F64(64));
   } else if constexpr (BN == 64) {
     if constexpr (kMode == Mode::kF16) JD_WGMMA(64, 32, "f16", JD_WG_REGS32, JD_F16(0), JD_F16(16));
     else JD_WGMMA(64, 32, "bf16", JD_WG_REGS32, JD_F16(0), JD_F16(16));
