@@ -33,6 +33,9 @@ GRID = [
     ("3x3_same", (2, 9, 11, 16), (3, 3, 16, 24), dict(window_strides=(1, 1), padding="SAME")),
     ("3x3_stride2_asym", (3, 13, 10, 8), (3, 3, 8, 16),
      dict(window_strides=(2, 2), padding=((1, 2), (0, 1)))),
+    # bwd_data by residue classes, eight of the nine empty (their dx is zero): a 1x1 stride 3.
+    ("classes_stride3_empty", (2, 10, 11, 16), (1, 1, 16, 32), dict(window_strides=(3, 3),
+                                                                    padding="VALID")),
     ("1x1_two_n_tiles", (2, 7, 9, 32), (1, 1, 32, 136), dict(window_strides=(1, 1),
                                                              padding="VALID")),
     ("dilated", (1, 12, 12, 8), (3, 3, 8, 8), dict(window_strides=(1, 1), padding="SAME",

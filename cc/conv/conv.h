@@ -122,12 +122,29 @@ inline Status validate(const Problem& p) {
 }
 
 // A problem plus its dtypes: what an algorithm's supports() and workspace_bytes() look at.
+// Where the rows (pixels) of a result go: dense, or (a residue class of strided bwd_data,
+// strided_classes.h) row m = (n, i0, i1, i2) of the class's grid `size` to pixel
+// ((n * dx[0] + i0 * stride[0] + residue[0]) * dx[1] + ...) of the full result. Only the
+// GEMM algorithms' Hopper (wgmma) epilogue takes a mapped one.
+struct ResultRows {
+  int64_t size[3] = {0, 0, 0};  // size[2] == 0: dense
+  int64_t stride[3] = {1, 1, 1}, residue[3] = {0, 0, 0}, dx[3] = {1, 1, 1};
+  JAXDNN_HD bool mapped() const { return size[2] != 0; }
+  JAXDNN_HD int64_t row(int64_t m) const {
+    const int64_t i2 = m % size[2], r = m / size[2], i1 = r % size[1], r2 = r / size[1];
+    const int64_t i0 = r2 % size[0], n = r2 / size[0];
+    return ((n * dx[0] + i0 * stride[0] + residue[0]) * dx[1] + i1 * stride[1] + residue[1]) *
+               dx[2] + i2 * stride[2] + residue[2];
+  }
+};
+
 struct Args {
   Direction dir = Direction::kFwd;
   Problem p;
   DType in = DType::kF32;   // dtype of the two operands
   DType out = DType::kF32;  // dtype of the result
   bool tf32 = false;        // float32 operands may be rounded to TF32 (lax's default precision)
+  ResultRows rows;          // dense unless set by the strided bwd_data classes
 };
 
 // The three buffers of a call, named by role in the *forward* problem. For kFwd, x and w are

@@ -321,7 +321,10 @@ Status launch(const Args& a, const typename AL::Params& ap, const typename BL::P
   const SplitPlan run = r == Reduce::kNone ? SplitPlan{1, slices} : split_plan(a);
   Epilogue epi{r == Reduce::kNone ? Store::kOut
                                   : (r == Reduce::kOrdered ? Store::kPartial : Store::kAtomic),
-               r == Reduce::kNone ? result : ws, a.out == DType::kF32, result_ld(a), int(a.p.G)};
+               r == Reduce::kNone ? result : ws, a.out == DType::kF32, result_ld(a), int(a.p.G),
+               a.rows};
+  if (r != Reduce::kNone && a.rows.mapped())
+    return Status::Error("conv gemm: mapped result rows need a direct (unsplit) store");
   if (r == Reduce::kAtomic && cudaMemsetAsync(ws, 0, partial_bytes(a, 1), stream) != cudaSuccess)
     return cuda::check_launch("conv gemm workspace memset");
   const unsigned tiles_m = unsigned((s.M + C::BM - 1) / C::BM);
@@ -339,6 +342,8 @@ Status launch(const Args& a, const typename AL::Params& ap, const typename BL::P
                                                          int(slices), int(run.per_split),
                                                          int(run.splits));
   } else {
+    if (a.rows.mapped())
+      return Status::Error("conv gemm: mapped result rows need the wgmma epilogue");
     auto kernel = gemm_kernel<kMode, C, AL, BL>;
     if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;
     const dim3 grid(tiles_m, tiles_n, unsigned(a.p.G * run.splits));

@@ -31,6 +31,7 @@
 
 #include "cc/common/cuda_async.h"
 #include "cc/common/cuda_util.h"
+#include "cc/conv/conv.h"
 
 namespace jaxdnn::conv::gemm {
 
@@ -245,7 +246,7 @@ __device__ __forceinline__ void split_tf32(uint32_t (&hi)[R][4], uint32_t (&lo)[
 
 // ---------------------------------------------------------------------------------------------
 // Epilogue: where C goes. kOut stores C (converted to the output dtype) at
-// out[m * ldo + col0 + n] for group g's col0 = g * N; kPartial stores float partial sums of
+// out[m * ldo + col0 + n] for group g's col0 = g * N (m through `rows` when mapped); kPartial stores float partial sums of
 // split s at ws[((s * G + g) * M + m) * N + n] for a later ordered reduction; kAtomic adds them
 // into ws[(g * M + m) * N + n] with atomicAdd (order-dependent rounding).
 // ---------------------------------------------------------------------------------------------
@@ -258,6 +259,7 @@ struct Epilogue {
   bool out_f32;        // kOut: result dtype is float32 (else the input dtype)
   int64_t ldo;         // kOut: row stride of the result, in elements
   int groups;
+  ResultRows rows;     // kOut: row m goes to row rows.row(m) when mapped (wgmma kernels only)
 };
 
 template <typename T>

@@ -296,6 +296,18 @@ struct DenseRows {
   __device__ __forceinline__ O* at(int r) const { return out + r * ld; }
 };
 
+// Rows r < n of a block whose row r is result row rows.row(m0 + r), `ld` elements apart, at
+// column offset `col0` (ResultRows: a residue class's rows in dx).
+template <typename O>
+struct MappedRows {
+  O* out;
+  int64_t ld, m0;
+  int n;
+  const ResultRows& rows;
+  __device__ __forceinline__ bool ok(int r) const { return r < n; }
+  __device__ __forceinline__ O* at(int r) const { return out + rows.row(m0 + r) * ld; }
+};
+
 template <typename T, int BN>
 __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&acc)[BN / 2],
                                            unsigned char* stg, int M, int N, const TileJob& j,
@@ -315,6 +327,18 @@ __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&ac
     float* ws = static_cast<float*>(epi.out) +
                 ((int64_t(j.split) * epi.groups + j.g) * M + m0) * N + j.n0;
     stage_rows<float, BN>(acc, stg, wq, lane, t, wg, DenseRows<float>{ws, N, rows}, cols);
+  } else if (epi.rows.mapped()) {
+    const int64_t col0 = int64_t(j.g) * N + j.n0;
+    if (epi.out_f32)
+      stage_rows<float, BN>(acc, stg, wq, lane, t, wg,
+                            MappedRows<float>{static_cast<float*>(epi.out) + col0, epi.ldo, m0,
+                                              rows, epi.rows},
+                            cols);
+    else
+      stage_rows<T, BN>(acc, stg, wq, lane, t, wg,
+                        MappedRows<T>{static_cast<T*>(epi.out) + col0, epi.ldo, m0, rows,
+                                      epi.rows},
+                        cols);
   } else {
     const int64_t at = int64_t(m0) * epi.ldo + int64_t(j.g) * N + j.n0;
     if (epi.out_f32)

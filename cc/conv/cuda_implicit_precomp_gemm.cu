@@ -442,6 +442,17 @@ Status scatter_classes(const void* results, void* dx, const Problem& p, const Cl
   return cuda::check_launch("conv implicit_precomp_gemm scatter_classes_kernel");
 }
 
+// Whether the classes' GEMMs store into dx themselves: they run on wgmma (Hopper, 16-bit or
+// TF32), whose epilogue takes mapped rows; JAXDNN_CONV_NO_CLASS_ROWS=1 keeps the scatter
+// (benchmarks compare the two).
+bool class_rows_direct(const Args& a) {
+  static const bool off = [] {
+    const char* e = std::getenv("JAXDNN_CONV_NO_CLASS_ROWS");
+    return e != nullptr && e[0] == '1';
+  }();
+  return !off && use_wgmma() && (a.in != DType::kF32 || a.tf32);
+}
+
 // W, E: unsigned types of the input's and of the result's width.
 template <typename W, typename E>
 Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
@@ -467,6 +478,15 @@ Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t
       static_cast<const W*>(b.w), reinterpret_cast<W*>(filters), p, f);
   if (Status st = cuda::check_launch("conv implicit_precomp_gemm sub_filters_kernel"); !st.ok())
     return st;
+  // On wgmma each class's GEMM stores its rows straight into dx (ResultRows); elsewhere into
+  // a dense buffer per class, then one scatter pass.
+  const bool direct = class_rows_direct(a);
+  if (direct) {
+    bool any_empty = false;
+    for (int64_t ci = 0; ci < classes; ++ci) any_empty = any_empty || strided_class(p, ci).empty();
+    if (any_empty && cudaMemsetAsync(b.result, 0, p.x_elems() * ob, stream) != cudaSuccess)
+      return cuda::check_launch("conv implicit_precomp_gemm dx memset");
+  }
   ClassMap map;
   int64_t y_at = 0;  // elements of the results so far
   for (int64_t ci = 0; ci < classes; ++ci) {
@@ -474,15 +494,27 @@ Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t
     for (int ax = 0; ax < 3; ++ax) map.sizes[ci][ax] = c.axis[ax].size;
     map.base[ci] = -1;
     if (c.empty()) continue;
-    const Args q = class_args(a, c);
+    Args q = class_args(a, c);
     Buffers bq;
     bq.x = b.y;
     bq.w = filters + f.start[ci] * eb;
     bq.result = results + y_at * ob;
+    if (direct) {
+      int64_t r[3];
+      class_residues(p, ci, r);
+      for (int ax = 0; ax < 3; ++ax) {
+        q.rows.size[ax] = c.axis[ax].size;
+        q.rows.stride[ax] = p.stride[ax];
+        q.rows.residue[ax] = r[ax];
+        q.rows.dx[ax] = p.in[ax];
+      }
+      bq.result = b.result;
+    }
     if (Status st = run(q, bq, sub_ws, stream); !st.ok()) return st;
     map.base[ci] = y_at;
     y_at += q.p.y_elems();
   }
+  if (direct) return Status::Ok();
   return scatter_classes<E, uint4>(results, b.result, p, map, stream);
 }
 

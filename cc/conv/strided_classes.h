@@ -52,6 +52,13 @@ inline AxisClass axis_class(const Problem& p, int a, int64_t r) {
   return c;
 }
 
+// The residues (r0, r1, r2) of class number ci = (r0 * s1 + r1) * s2 + r2.
+inline void class_residues(const Problem& p, int64_t ci, int64_t (&r)[3]) {
+  r[0] = ci / (p.stride[2] * p.stride[1]);
+  r[1] = ci / p.stride[2] % p.stride[1];
+  r[2] = ci % p.stride[2];
+}
+
 // A residue class: its three axes and the stride-1 forward problem that computes it (dy as
 // the input, the sub-filter, the class's dx positions as the output).
 struct StridedClass {
@@ -79,8 +86,8 @@ inline bool strided_classes_apply(const Problem& p) {
 
 // Class number ci = (r0 * s1 + r1) * s2 + r2.
 inline StridedClass strided_class(const Problem& p, int64_t ci) {
-  const int64_t r[3] = {ci / (p.stride[2] * p.stride[1]), ci / p.stride[2] % p.stride[1],
-                        ci % p.stride[2]};
+  int64_t r[3];
+  class_residues(p, ci, r);
   StridedClass c;
   Problem& q = c.sub;
   q.N = p.N;
