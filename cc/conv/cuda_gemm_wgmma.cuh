@@ -545,6 +545,9 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
 
   constexpr int kProducerWgs = C::kThreads / 128;
   if (wg < kProducerWgs) {  // producers; the loaders index their chunks by threadIdx.x
+    // One producer warpgroup beside 64 x 256 accumulators: it gives its registers to the
+    // consumers (40 + 2 x 232 per lane of the 3 warpgroups: 64512 of 65536).
+    if constexpr (C::kTmaOnly) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (kAllTma && tid != 0) return;
     int q = 0;    // slices issued so far
     auto signal = [&](int done) {  // slice `done`'s cp.asyncs have landed (this thread's)
@@ -573,6 +576,7 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
       for (int done = q > kLag ? q - kLag : 0; done < q; ++done) signal(done);
     }
   } else {  // consumer warpgroup cw: rows 64 cw.. of each tile
+    if constexpr (C::kTmaOnly) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = wg - kProducerWgs, ct = tid & 127, lane = tid & 31, wq = ct >> 5;
     const uint32_t a_wg = uint32_t(cw * 64 * kSliceBytes);
     unsigned char* stg =
