@@ -126,13 +126,15 @@ inline Status validate(const Problem& p) {
 // strided_classes.h) row m = (n, i0, i1, i2) of the class's grid `size` to pixel
 // ((n * dx[0] + i0 * stride[0] + residue[0]) * dx[1] + ...) of the full result. Only the
 // GEMM algorithms' Hopper (wgmma) epilogue takes a mapped one.
+// 32-bit: the GEMM algorithms take tensors below 2^31 elements (gemm_dtype_support), so
+// pixel counts fit, and the epilogue's divisions stay cheap.
 struct ResultRows {
-  int64_t size[3] = {0, 0, 0};  // size[2] == 0: dense
-  int64_t stride[3] = {1, 1, 1}, residue[3] = {0, 0, 0}, dx[3] = {1, 1, 1};
+  int32_t size[3] = {0, 0, 0};  // size[2] == 0: dense
+  int32_t stride[3] = {1, 1, 1}, residue[3] = {0, 0, 0}, dx[3] = {1, 1, 1};
   JAXDNN_HD bool mapped() const { return size[2] != 0; }
-  JAXDNN_HD int64_t row(int64_t m) const {
-    const int64_t i2 = m % size[2], r = m / size[2], i1 = r % size[1], r2 = r / size[1];
-    const int64_t i0 = r2 % size[0], n = r2 / size[0];
+  JAXDNN_HD int32_t row(int32_t m) const {
+    const int32_t i2 = m % size[2], r = m / size[2], i1 = r % size[1], r2 = r / size[1];
+    const int32_t i0 = r2 % size[0], n = r2 / size[0];
     return ((n * dx[0] + i0 * stride[0] + residue[0]) * dx[1] + i1 * stride[1] + residue[1]) *
                dx[2] + i2 * stride[2] + residue[2];
   }

@@ -301,11 +301,11 @@ struct DenseRows {
 template <typename O>
 struct MappedRows {
   O* out;
-  int64_t ld, m0;
-  int n;
+  int64_t ld;
+  int m0, n;
   const ResultRows& rows;
   __device__ __forceinline__ bool ok(int r) const { return r < n; }
-  __device__ __forceinline__ O* at(int r) const { return out + rows.row(m0 + r) * ld; }
+  __device__ __forceinline__ O* at(int r) const { return out + int64_t(rows.row(m0 + r)) * ld; }
 };
 
 template <typename T, int BN>

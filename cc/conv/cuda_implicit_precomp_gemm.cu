@@ -503,10 +503,10 @@ Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t
       int64_t r[3];
       class_residues(p, ci, r);
       for (int ax = 0; ax < 3; ++ax) {
-        q.rows.size[ax] = c.axis[ax].size;
-        q.rows.stride[ax] = p.stride[ax];
-        q.rows.residue[ax] = r[ax];
-        q.rows.dx[ax] = p.in[ax];
+        q.rows.size[ax] = int32_t(c.axis[ax].size);
+        q.rows.stride[ax] = int32_t(p.stride[ax]);
+        q.rows.residue[ax] = int32_t(r[ax]);
+        q.rows.dx[ax] = int32_t(p.in[ax]);
       }
       bq.result = b.result;
     }
