@@ -188,18 +188,6 @@ int64_t workspace_with(const Args& a, Reduce r) {
   return pad_x_bytes(q) + pad_w_bytes(q) + pad_wt_bytes(q) + reduce_workspace(q, r);
 }
 
-// A TMA map of an (N, H, W, channels) 16-bit tensor read in boxes of 64 channels x box_w x
-// box_h pixels of one image (outside the tensor: zeros).
-template <typename T>
-Status encode_nhwc(CUtensorMap* map, const T* t, int64_t n, int64_t h, int64_t w, int64_t c,
-                   uint32_t box_w, uint32_t box_h) {
-  const cuuint64_t dims[4] = {cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)};
-  const cuuint64_t strides[3] = {cuuint64_t(c) * sizeof(T), cuuint64_t(w * c) * sizeof(T),
-                                 cuuint64_t(h * w * c) * sizeof(T)};
-  const cuuint32_t box[4] = {kBoxRow<T>, box_w, box_h, 1};
-  return encode_tma(map, t, 4, dims, strides, box);
-}
-
 template <Mode kMode, int BN, bool kBwdData>
 Status launch_halo(const HaloParams& hp, int64_t tiles, cudaStream_t stream) {
   using C = HaloTile<typename ModeTraits<kMode>::T, BN>;

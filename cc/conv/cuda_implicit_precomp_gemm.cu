@@ -207,11 +207,13 @@ bool im2col_tma_applies(const Args& a) {
   return bwd ? p.G == 1 && p.Kg() % slice == 0 : p.Cg() % slice == 0;
 }
 
-// The TF32 forward's k-major w (kmajor_weight) in the workspace.
+// The workspace after the table: the split-K partials, then the TF32 forward's k-major w
+// (kmajor_weight).
+char* partials_at(const Args& a, void* ws) { return static_cast<char*>(ws) + table_bytes(a); }
+
 template <typename T>
 T* weight_at(const Args& a, void* ws) {
-  return reinterpret_cast<T*>(static_cast<char*>(ws) + table_bytes(a) +
-                              reduce_workspace(a, filter_split(a)));
+  return reinterpret_cast<T*>(partials_at(a, ws) + reduce_workspace(a, filter_split(a)));
 }
 
 // B of bwd_data (w^T, k-major) as TmaKRows' parameters: w as the (taps * Cg) x K matrix, one
@@ -278,9 +280,8 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
             if (Status st = im2col_params<T>(a, b, uint32_t(C::BK), &ap); !st.ok()) return st;
             const MatrixParams<T> bp{static_cast<const T*>(b.y), p.K, int(s.Kd), int(s.N),
                                      p.Kg()};
-            void* partials = static_cast<char*>(ws) + table_bytes(a);  // as run_mode's
             return launch_mn_b<kMode, C, TmaIm2colCols<T, C::BM, C::kThreads>>(
-                a, ap, bp, p.K, b.result, filter_split(a), partials, stream,
+                a, ap, bp, p.K, b.result, filter_split(a), partials_at(a, ws), stream,
                 "conv implicit_precomp_gemm bwd_filter gemm_kernel");
           }
           return Status::Error("conv implicit_precomp_gemm: bwd_filter im2col takes 16 bits");
@@ -323,7 +324,7 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
   const Shape s = shape_of(a);
   const Direction dir = a.dir;
   int* table = static_cast<int*>(ws);
-  void* partials = static_cast<char*>(ws) + table_bytes(a);
+  void* partials = partials_at(a, ws);
   T* wt = weight_at<T>(a, ws);
   constexpr int kThreads = 256;
   const unsigned blocks = cuda::grid_for(table_rows(a), kThreads);

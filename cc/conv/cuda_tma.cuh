@@ -72,6 +72,27 @@ Status encode_tma(CUtensorMap* map, const T* base, int rank, const cuuint64_t* d
       "cuTensorMapEncodeTiled");
 }
 
+// An (N, H, W, C) tensor of T, C contiguous, as tensor-map dimensions (innermost first: c, w,
+// h, n) and the byte strides of the outer three.
+template <typename T>
+struct NhwcDims {
+  cuuint64_t dims[4], strides[3];
+  NhwcDims(int64_t n, int64_t h, int64_t w, int64_t c)
+      : dims{cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)},
+        strides{cuuint64_t(c) * sizeof(T), cuuint64_t(w * c) * sizeof(T),
+                cuuint64_t(h * w * c) * sizeof(T)} {}
+};
+
+// t (N, H, W, C) read in boxes of one 128-byte row of channels x box_w x box_h pixels of one
+// image (outside the tensor: zeros).
+template <typename T>
+Status encode_nhwc(CUtensorMap* map, const T* t, int64_t n, int64_t h, int64_t w, int64_t c,
+                   uint32_t box_w, uint32_t box_h) {
+  const NhwcDims<T> d(n, h, w, c);
+  const cuuint32_t box[4] = {kBoxRow<T>, box_w, box_h, 1};
+  return encode_tma(map, t, 4, d.dims, d.strides, box);
+}
+
 // A rows x cols row-major matrix (row stride `ld` elements) in boxes of box_rows x 128 bytes.
 template <typename T>
 Status encode_tma_2d(CUtensorMap* map, const T* base, uint64_t rows, uint64_t cols, uint64_t ld,
@@ -95,20 +116,18 @@ Status encode_tma_im2col(CUtensorMap* map, const T* base, int64_t n, int64_t h, 
   static const auto encode =
       driver_entry<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
   if (encode == nullptr) return Status::Error("conv gemm: cuTensorMapEncodeIm2col unavailable");
-  // Innermost first: (c, w, h, n). The window of base pixels along an axis is
-  // [lower, size + upper): (out - 1) * stride + 1 positions.
-  constexpr cuuint64_t e = sizeof(T);
-  const cuuint64_t dims[4] = {cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)};
-  const cuuint64_t strides[3] = {cuuint64_t(c) * e, cuuint64_t(w * c) * e,
-                                 cuuint64_t(h * w * c) * e};
+  // The window of base pixels along an axis is [lower, size + upper): (out - 1) * stride + 1
+  // positions (lo, up innermost first: w, h).
+  const NhwcDims<T> d(n, h, w, c);
   const int lo[2] = {lower[1], lower[0]};
   const int up[2] = {lower[1] + (out[1] - 1) * stride[1] + 1 - int(w),
                      lower[0] + (out[0] - 1) * stride[0] + 1 - int(h)};
   const cuuint32_t elem_strides[4] = {1, cuuint32_t(stride[1]), cuuint32_t(stride[0]), 1};
   return encode_status(
-      encode(map, tma_type<T>(), 4, const_cast<T*>(base), dims, strides, lo, up, kBoxRow<T>,
-             pixels, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      encode(map, tma_type<T>(), 4, const_cast<T*>(base), d.dims, d.strides, lo, up,
+             kBoxRow<T>, pixels, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
       "cuTensorMapEncodeIm2col");
 }
 
