@@ -16,14 +16,16 @@ ap.add_argument("--cin", type=int, default=128)
 ap.add_argument("--cout", type=int, default=128)
 ap.add_argument("--k", type=int, default=3)
 ap.add_argument("--stride", type=int, default=1)
+ap.add_argument("--groups", type=int, default=1)
 ap.add_argument("--dir", default="fwd")
 ap.add_argument("--algo", default=None)
 ap.add_argument("--dtype", default="bfloat16")
 a = ap.parse_args()
 pad = a.k // 2
 x = jnp.ones((a.n, a.hw, a.hw, a.cin), a.dtype)
-w = jnp.ones((a.k, a.k, a.cin, a.cout), a.dtype)
-conv = lambda x, w: jaxdnn.conv(x, w, stride=a.stride, padding=pad, algo={a.dir: a.algo})
+w = jnp.ones((a.k, a.k, a.cin // a.groups, a.cout), a.dtype)
+conv = lambda x, w: jaxdnn.conv(x, w, stride=a.stride, padding=pad, groups=a.groups,
+                                algo={a.dir: a.algo})
 y = conv(x, w)
 if a.dir == "fwd":
     f = jax.jit(conv)

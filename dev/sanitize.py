@@ -27,6 +27,7 @@ import numpy as np
 import jaxdnn
 from jaxdnn.ops import conv as conv_ops
 
+os.environ.setdefault("JAXDNN_CONV_BN256", "1")  # 256-column tiles at any size, as in tests/
 PLATFORM = os.environ.get("JAXDNN_SANITIZE_PLATFORM", "gpu")  # "cpu": a quick local dry run
 GPU = jax.devices(PLATFORM)[0]
 RNG = np.random.default_rng(0)

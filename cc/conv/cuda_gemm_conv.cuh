@@ -80,14 +80,20 @@ inline bool use_ws() {
   return !off;
 }
 
-// 256-column tiles where with_tile allows them, unless JAXDNN_CONV_NO_BN256=1 (benchmarks
-// compare the two).
-inline bool use_wider() {
-  static const bool off = [] {
-    const char* e = std::getenv("JAXDNN_CONV_NO_BN256");
-    return e != nullptr && e[0] == '1';
+// Whether 256-column tiles pay for a GEMM of shape s (with_tile still asks for one group and
+// N % 256 == 0). They halve the B operand's L2 traffic per output but also the tile count.
+// Measured on the H200 (benchmarks/NOTES.md, session 10): they pay where the 128x256 tiles
+// still cover two thirds of the SMs (l3 3x3 and l4s2 fwd, 98 tiles on 132 SMs: +26-45%) and
+// lose where they don't (l4 3x3, 50 tiles: -15-17%). JAXDNN_CONV_BN256=0 turns them off, =1
+// takes them at any size (the GPU tests and the sanitizer, whose problems are small).
+inline bool wider_pays(const Shape& s) {
+  static const int forced = [] {  // -1: by size
+    const char* e = std::getenv("JAXDNN_CONV_BN256");
+    return e == nullptr || (e[0] != '0' && e[0] != '1') ? -1 : e[0] - '0';
   }();
-  return !off;
+  if (forced >= 0) return forced == 1;
+  const int64_t tiles = (s.M + 127) / 128 * ((s.N + 255) / 256);
+  return 3 * tiles >= 2 * int64_t(cuda::sm_count());
 }
 
 // Whether a GEMM of mode kMode (not 3xTF32) runs on wgmma; `k_major` says that both of its
@@ -99,15 +105,15 @@ bool wgmma_mode(bool k_major) {
 
 // Runs fn(tile config) for a GEMM of mode kMode with N columns; `k_major` as in wgmma_mode.
 // kAllTma: both operand loaders are TMA ones, and `wider` (one group, so that no 64-column box
-// of a 256-column tile reaches into the next group's columns) allows 256-column tiles where N
-// is a multiple of 256.
+// of a 256-column tile reaches into the next group's columns, and wider_pays) allows
+// 256-column tiles where N is a multiple of 256.
 template <Mode kMode, bool kAllTma = false, typename Fn>
 Status with_tile(int64_t N, bool k_major, Fn&& fn, bool wider = false) {
   using T = typename ModeTraits<kMode>::T;
   if constexpr (kMode != Mode::k3xTf32) {
     if (wgmma_mode<kMode>(k_major)) {
       if constexpr (kAllTma) {
-        if (wider && N % 256 == 0 && use_ws() && use_wider()) return fn(WsTileWider<T>{});
+        if (wider && N % 256 == 0 && use_ws()) return fn(WsTileWider<T>{});
       }
       if (N <= 64) return fn(WgTileNarrow<T>{});
       if (use_ws()) return fn(WsTileWide<T>{});

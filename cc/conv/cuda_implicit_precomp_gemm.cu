@@ -312,7 +312,7 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
         return launch<kMode, C, AL, TmaKRows<T, C::BN, C::kThreads>>(
             a, ap, bp, b.result, Reduce::kNone, nullptr, stream, name);
       }
-    }, p.G == 1);
+    }, p.G == 1 && wider_pays(s));
   }
 }
 
