@@ -80,22 +80,6 @@ inline bool use_ws() {
   return !off;
 }
 
-// Whether 256-column tiles pay for a GEMM of shape s (with_tile still asks for one group and
-// N % 256 == 0). They halve the B operand's L2 traffic per output but also the tile count.
-// Measured on the H200 (benchmarks/NOTES.md, session 10): they pay where the 128x256 tiles
-// still cover two thirds of the SMs (l3 3x3 and l4s2 fwd, 98 tiles on 132 SMs: +26-45%) and
-// lose where they don't (l4 3x3, 50 tiles: -15-17%). JAXDNN_CONV_BN256=0 turns them off, =1
-// takes them at any size (the GPU tests and the sanitizer, whose problems are small).
-inline bool wider_pays(const Shape& s) {
-  static const int forced = [] {  // -1: by size
-    const char* e = std::getenv("JAXDNN_CONV_BN256");
-    return e == nullptr || (e[0] != '0' && e[0] != '1') ? -1 : e[0] - '0';
-  }();
-  if (forced >= 0) return forced == 1;
-  const int64_t tiles = (s.M + 127) / 128 * ((s.N + 255) / 256);
-  return 3 * tiles >= 2 * int64_t(cuda::sm_count());
-}
-
 // Whether a GEMM of mode kMode (not 3xTF32) runs on wgmma; `k_major` says that both of its
 // operand loaders are k-major (TF32 needs it).
 template <Mode kMode>
@@ -105,7 +89,7 @@ bool wgmma_mode(bool k_major) {
 
 // Runs fn(tile config) for a GEMM of mode kMode with N columns; `k_major` as in wgmma_mode.
 // kAllTma: both operand loaders are TMA ones, and `wider` (one group, so that no 64-column box
-// of a 256-column tile reaches into the next group's columns, and wider_pays) allows
+// of a 256-column tile reaches into the next group's columns, and wide_plan) allows
 // 256-column tiles where N is a multiple of 256.
 template <Mode kMode, bool kAllTma = false, typename Fn>
 Status with_tile(int64_t N, bool k_major, Fn&& fn, bool wider = false) {
@@ -184,14 +168,19 @@ struct SplitPlan {
   int64_t splits, per_split;
 };
 
+// `slices` cut into at most `splits` even ranges.
+inline SplitPlan even_split(int64_t slices, int64_t splits) {
+  const int64_t per = (slices + splits - 1) / splits;
+  return {(slices + per - 1) / per, per};
+}
+
 inline SplitPlan split_plan(const Args& a) {
   const int64_t tiles = output_tiles(a), slices = k_slices(a);
   int64_t splits = (kTargetCtas + tiles - 1) / tiles;
   const int64_t cap = slices / kMinSlicesPerSplit;
   if (splits > cap) splits = cap;
   if (splits < 1) splits = 1;
-  const int64_t per = (slices + splits - 1) / splits;
-  return {(slices + per - 1) / per, per};
+  return even_split(slices, splits);
 }
 
 inline int64_t partial_bytes(const Args& a, int64_t splits) {
@@ -222,6 +211,33 @@ inline Support split_support(const Args& a, Reduce r) {
 inline Reduce filter_split(const Args& a) {
   return a.dir == Direction::kBwdFilter && split_plan(a).splits > 1 ? Reduce::kOrdered
                                                                     : Reduce::kNone;
+}
+
+// 256-column tiles (with_tile's `wider`) halve the B operand's L2 traffic per output, but also
+// the tile count. Measured on the H200 (benchmarks/NOTES.md, session 10): they pay where the
+// 128x256 tiles cover two thirds of the SMs (l3 3x3 and l4s2 fwd, 98 tiles on 132: +26-45%)
+// and lose where they don't (l4 3x3, 50 tiles: -15-17%). Below that, a GEMM with a long enough
+// reduction runs them in two ordered splits where that fills two thirds of the SMs in one wave
+// (l4 3x3: 100 CTAs), if `may_split`. JAXDNN_CONV_BN256=0 turns them off; =1 takes them at any
+// size, split wherever two splits fit one wave (the GPU tests and the sanitizer, whose problems
+// are small).
+struct WidePlan {
+  bool wide;
+  int64_t splits;  // of the reduction (1: none)
+};
+
+inline WidePlan wide_plan(const Shape& s, int64_t slices, bool may_split) {
+  static const int forced = [] {  // -1: by size
+    const char* e = std::getenv("JAXDNN_CONV_BN256");
+    return e == nullptr || (e[0] != '0' && e[0] != '1') ? -1 : e[0] - '0';
+  }();
+  if (s.N % 256 != 0 || forced == 0) return {false, 1};
+  const int64_t tiles = (s.M + 127) / 128 * (s.N / 256), sms = cuda::sm_count();
+  const bool two = may_split && slices >= 2 * kMinSlicesPerSplit && 2 * tiles <= sms;
+  if (forced == 1) return {true, two ? 2 : 1};
+  if (3 * tiles >= 2 * sms) return {true, 1};
+  if (two && 3 * 2 * tiles >= 2 * sms) return {true, 2};
+  return {false, 1};
 }
 
 // Workspace of the result path: ordered partials for every split, or one float accumulator.
@@ -316,15 +332,18 @@ constexpr auto wgmma_entry() {
 }
 
 // Launches one GEMM with loaders AL, BL and the result path `r`; `ws` is the reduction's
-// workspace (reduce_workspace bytes). `kd` overrides the reduction length (a padded one).
+// workspace (reduce_workspace bytes). `kd` overrides the reduction length (a padded one),
+// `splits` (> 0) split_plan's split count.
 template <Mode kMode, typename C, typename AL, typename BL>
 Status launch(const Args& a, const typename AL::Params& ap, const typename BL::Params& bp,
               void* result, Reduce r, void* ws, cudaStream_t stream, const char* name,
-              int64_t kd = -1) {
+              int64_t kd = -1, int64_t splits = 0) {
   using T = typename ModeTraits<kMode>::T;
   const Shape s = shape_of(a);
   const int64_t slices = kd < 0 ? k_slices(a) : (kd + C::BK - 1) / C::BK;
-  const SplitPlan run = r == Reduce::kNone ? SplitPlan{1, slices} : split_plan(a);
+  const SplitPlan run = r == Reduce::kNone ? SplitPlan{1, slices}
+                        : splits > 0       ? even_split(slices, splits)
+                                           : split_plan(a);
   Epilogue epi{r == Reduce::kNone ? Store::kOut
                                   : (r == Reduce::kOrdered ? Store::kPartial : Store::kAtomic),
                r == Reduce::kNone ? result : ws, a.out == DType::kF32, result_ld(a), int(a.p.G),

@@ -87,6 +87,7 @@ Args class_args(const Args& a, const StridedClass& c) {
 }
 
 int64_t workspace_bytes(const Args& a);
+int64_t partials_bytes(const Args& a);
 
 // [sub-filters][class results][the largest class's workspace].
 struct ClassWorkspace {
@@ -108,7 +109,7 @@ int64_t workspace_bytes(const Args& a) {
     const ClassWorkspace w = class_workspace(a);
     return w.filters + w.results + w.sub;
   }
-  return table_bytes(a) + reduce_workspace(a, filter_split(a)) + weight_bytes(a);
+  return table_bytes(a) + partials_bytes(a) + weight_bytes(a);
 }
 
 // The wgmma kernel reads its mn-major B (w in fwd, dy in bwd_filter: Kg columns per group)
@@ -128,7 +129,8 @@ bool tma_b(const Args& a) {
 template <Mode kMode, typename C, typename AL>
 Status launch_mn_b(const Args& a, const typename AL::Params& ap,
                    const MatrixParams<typename ModeTraits<kMode>::T>& bm, int64_t total_cols,
-                   void* result, Reduce r, void* ws, cudaStream_t stream, const char* name) {
+                   void* result, Reduce r, void* ws, cudaStream_t stream, const char* name,
+                   int64_t splits = 0) {
   using T = typename ModeTraits<kMode>::T;
   if constexpr (C::kWgmma && sizeof(T) == 2) {
     if (tma_b(a)) {
@@ -139,14 +141,14 @@ Status launch_mn_b(const Args& a, const typename AL::Params& ap,
           !st.ok())
         return st;
       bp.group_cols = int(bm.group_stride);
-      return launch<kMode, C, AL, BL>(a, ap, bp, result, r, ws, stream, name);
+      return launch<kMode, C, AL, BL>(a, ap, bp, result, r, ws, stream, name, -1, splits);
     }
   }
   if constexpr (AL::kTma) {
     return Status::Error("conv implicit_precomp_gemm: a TMA A needs a TMA B");  // im2col_tma
   } else {
     return launch<kMode, C, AL, PlainMn<T, C::BN, C::kThreads>>(a, ap, bm, result, r, ws,
-                                                                 stream, name);
+                                                                 stream, name, -1, splits);
   }
 }
 
@@ -207,13 +209,32 @@ bool im2col_tma_applies(const Args& a) {
   return bwd ? p.G == 1 && p.Kg() % slice == 0 : p.Cg() % slice == 0;
 }
 
+// wide_plan for an im2col GEMM. bwd_filter splits its own way (filter_split), and the strided
+// classes' GEMMs store their rows straight into dx, which a split store cannot do.
+WidePlan wide_plan_of(const Args& a) {
+  return wide_plan(shape_of(a), k_slices(a),
+                   a.dir != Direction::kBwdFilter && !a.rows.mapped());
+}
+
+// The reduction's ordered splits (1: none): bwd_filter's (filter_split), or wide_plan's.
+int64_t result_splits(const Args& a) {
+  if (a.dir == Direction::kBwdFilter)
+    return filter_split(a) == Reduce::kOrdered ? split_plan(a).splits : 1;
+  return a.p.G == 1 && im2col_tma_applies(a) ? wide_plan_of(a).splits : 1;
+}
+
+int64_t partials_bytes(const Args& a) {
+  const int64_t n = result_splits(a);
+  return n > 1 ? partial_bytes(a, n) : 0;
+}
+
 // The workspace after the table: the split-K partials, then the TF32 forward's k-major w
 // (kmajor_weight).
 char* partials_at(const Args& a, void* ws) { return static_cast<char*>(ws) + table_bytes(a); }
 
 template <typename T>
 T* weight_at(const Args& a, void* ws) {
-  return reinterpret_cast<T*>(partials_at(a, ws) + reduce_workspace(a, filter_split(a)));
+  return reinterpret_cast<T*>(partials_at(a, ws) + partials_bytes(a));
 }
 
 // B of bwd_data (w^T, k-major) as TmaKRows' parameters: w as the (taps * Cg) x K matrix, one
@@ -288,6 +309,10 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
         }
         if (Status st = im2col_params<T>(a, b, uint32_t(C::BM), &ap); !st.ok()) return st;
         using AL = TmaIm2col<T, C::BM, C::kThreads>;
+        // wide_plan's splits, taken with the 256-column tile it planned them for.
+        const int64_t splits = C::BN == 256 ? result_splits(a) : 1;
+        const Reduce r = splits > 1 ? Reduce::kOrdered : Reduce::kNone;
+        void* partials = splits > 1 ? partials_at(a, ws) : nullptr;
         const bool bwd = dir == Direction::kBwdData;
         const char* name = bwd ? "conv implicit_precomp_gemm bwd_data gemm_kernel"
                                : "conv implicit_precomp_gemm fwd gemm_kernel";
@@ -295,8 +320,8 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
           if (!bwd) {  // B = w, mn-major (TmaMn)
             const MatrixParams<T> bp{static_cast<const T*>(b.w), p.K, int(s.Kd), int(s.N),
                                      p.Kg()};
-            return launch_mn_b<kMode, C, AL>(a, ap, bp, p.K, b.result, Reduce::kNone, nullptr,
-                                             stream, name);
+            return launch_mn_b<kMode, C, AL>(a, ap, bp, p.K, b.result, r, partials, stream,
+                                             name, splits);
           }
         }
         TmaKRowsParams bp;
@@ -310,9 +335,9 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
             return st;
         }
         return launch<kMode, C, AL, TmaKRows<T, C::BN, C::kThreads>>(
-            a, ap, bp, b.result, Reduce::kNone, nullptr, stream, name);
+            a, ap, bp, b.result, r, partials, stream, name, -1, splits);
       }
-    }, p.G == 1 && wider_pays(s));
+    }, p.G == 1 && wide_plan_of(a).wide);
   }
 }
 
