@@ -11,6 +11,7 @@
 //           sums every 8th partial row in double, the 8 splits are added in order.
 //           Traffic: read the partials once.
 
+#include <cstdlib>
 #include <limits>
 
 #include "cc/norm/cuda_kernels.cuh"
@@ -140,6 +141,16 @@ Status memset_bytes(void* p, int value, int64_t bytes, cudaStream_t st) {
   return Status::Ok();
 }
 
+// The single-pass training forward where it applies, unless JAXDNN_NORM_NO_FUSED=1 (benchmarks
+// compare it with the three passes: stats, merge, apply).
+bool use_fused() {
+  static const bool off = [] {
+    const char* e = std::getenv("JAXDNN_NORM_NO_FUSED");
+    return e != nullptr && e[0] == '1';
+  }();
+  return !off;
+}
+
 template <typename D>
 Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_t st) {
   using Acc = A<D>;
@@ -159,14 +170,18 @@ Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_
     case Path::kColumn: {
       if (!training) return column_apply(f, st);
       bool fused = false;
-      if (Status s = column_fused(f, st, &fused); !s.ok() || fused) return s;
+      if (use_fused()) {
+        if (Status s = column_fused(f, st, &fused); !s.ok() || fused) return s;
+      }
       return run_steps([&] { return column_stats(f, st); }, [&] { return merge_stats(f, st); },
                        [&] { return column_apply(f, st); });
     }
     case Path::kSegment: {
       if (!training) return segment_apply(f, st);
       bool fused = false;
-      if (Status s = segment_fused(f, st, &fused); !s.ok() || fused) return s;
+      if (use_fused()) {
+        if (Status s = segment_fused(f, st, &fused); !s.ok() || fused) return s;
+      }
       return run_steps([&] { return segment_stats(f, st); }, [&] { return merge_stats(f, st); },
                        [&] { return segment_apply(f, st); });
     }
