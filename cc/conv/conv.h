@@ -121,7 +121,6 @@ inline Status validate(const Problem& p) {
   return Status::Ok();
 }
 
-// A problem plus its dtypes: what an algorithm's supports() and workspace_bytes() look at.
 // Where the rows (pixels) of a result go: dense, or (a residue class of strided bwd_data,
 // strided_classes.h) row m = (n, i0, i1, i2) of the class's grid `size` to pixel
 // ((n * dx[0] + i0 * stride[0] + residue[0]) * dx[1] + ...) of the full result. Only the
@@ -140,6 +139,7 @@ struct ResultRows {
   }
 };
 
+// A problem plus its dtypes: what an algorithm's supports() and workspace_bytes() look at.
 struct Args {
   Direction dir = Direction::kFwd;
   Problem p;

@@ -5,10 +5,10 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "cc/common/cuda_util.h"
+#include "cc/common/env.h"
 #include "cc/conv/cuda_algorithms.h"
 #include "cc/conv/cuda_gemm_core.cuh"
 #include "cc/conv/cuda_gemm_operands.cuh"
@@ -56,10 +56,7 @@ inline int slice_elems(const Args& a) { return kSliceBytes / elem_bytes(a.in); }
 // The wgmma kernel is compiled for sm_90a only (other GPUs run the PTX of the mma.sync one);
 // JAXDNN_CONV_MMA_SYNC=1 forces the mma.sync form on Hopper too (benchmarks compare the two).
 inline bool use_wgmma() {
-  static const bool forced_off = [] {
-    const char* e = std::getenv("JAXDNN_CONV_MMA_SYNC");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool forced_off = env_switch("JAXDNN_CONV_MMA_SYNC") == '1';
   if (forced_off) return false;
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -73,10 +70,7 @@ inline bool use_wgmma() {
 // compare the two). Narrow tiles (N <= 64) keep wgmma_kernel: with half the MMA work per slice
 // and one CTA per SM, the warp-specialised one lost up to 2x there (NOTES.md, session 9).
 inline bool use_ws() {
-  static const bool off = [] {
-    const char* e = std::getenv("JAXDNN_CONV_NO_WS");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool off = env_switch("JAXDNN_CONV_NO_WS") == '1';
   return !off;
 }
 
@@ -228,8 +222,8 @@ struct WidePlan {
 
 inline WidePlan wide_plan(const Shape& s, int64_t slices, bool may_split) {
   static const int forced = [] {  // -1: by size
-    const char* e = std::getenv("JAXDNN_CONV_BN256");
-    return e == nullptr || (e[0] != '0' && e[0] != '1') ? -1 : e[0] - '0';
+    const char c = env_switch("JAXDNN_CONV_BN256");
+    return c == '0' || c == '1' ? c - '0' : -1;
   }();
   if (s.N % 256 != 0 || forced == 0) return {false, 1};
   const int64_t tiles = (s.M + 127) / 128 * (s.N / 256), sms = cuda::sm_count();

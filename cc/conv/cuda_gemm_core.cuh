@@ -246,9 +246,10 @@ __device__ __forceinline__ void split_tf32(uint32_t (&hi)[R][4], uint32_t (&lo)[
 
 // ---------------------------------------------------------------------------------------------
 // Epilogue: where C goes. kOut stores C (converted to the output dtype) at
-// out[m * ldo + col0 + n] for group g's col0 = g * N (m through `rows` when mapped); kPartial stores float partial sums of
-// split s at ws[((s * G + g) * M + m) * N + n] for a later ordered reduction; kAtomic adds them
-// into ws[(g * M + m) * N + n] with atomicAdd (order-dependent rounding).
+// out[m * ldo + col0 + n] for group g's col0 = g * N (m through `rows` when mapped); kPartial
+// stores float partial sums of split s at ws[((s * G + g) * M + m) * N + n] for a later ordered
+// reduction; kAtomic adds them into ws[(g * M + m) * N + n] with atomicAdd (order-dependent
+// rounding).
 // ---------------------------------------------------------------------------------------------
 
 enum class Store : int { kOut = 0, kPartial = 1, kAtomic = 2 };

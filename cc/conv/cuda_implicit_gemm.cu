@@ -22,8 +22,6 @@
 // it there, instead of one gather per tap. JAXDNN_CONV_NO_HALO=1 turns it off (benchmarks
 // compare).
 
-#include <cstdlib>
-
 #include "cc/conv/cuda_gemm_conv.cuh"
 #include "cc/conv/cuda_halo_filter.cuh"
 #include "cc/conv/cuda_halo_wgmma.cuh"
@@ -131,10 +129,7 @@ HaloTiles halo_tiles(int64_t out_h, int64_t out_w) {
 // 64, and 16 x 8 tiles of the output at least 70% inside it (56x56: 88%, 28x28 and 14x14: 77%;
 // 7x7: 38%, left to the general kernels).
 bool halo_shape_ok(const Args& a, int64_t max_s) {
-  static const bool off = [] {
-    const char* e = std::getenv("JAXDNN_CONV_NO_HALO");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool off = env_switch("JAXDNN_CONV_NO_HALO") == '1';
   const Problem& p = a.p;
   if (off || a.in == DType::kF32 || p.G != 1 || !use_wgmma()) return false;
   if (p.in[0] != 1 || p.filt[0] != 1) return false;  // 2-D (or 1-D along W)

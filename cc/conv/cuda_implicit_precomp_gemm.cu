@@ -17,13 +17,13 @@
 // im2col mode (TmaIm2col, TmaIm2colCols): one copy per slice and 64-row block, no table (its
 // workspace stays reserved); 1.1-1.4x over the table gathers (benchmarks/NOTES.md, session 9).
 // Strided bwd_data (no lhs dilation) runs as residue classes (strided_classes.h): per class
-// this algorithm's stride-1 forward on dy and the class's sub-filter, into a dense buffer,
-// then one scatter into dx; on a 3x3 stride-2 layer that is 9/4 instead of 9 taps of GEMM
-// work per input position. Workspace: the sub-filters (w's size), the class results (dx's
-// size) and the largest class's own workspace.
+// this algorithm's stride-1 forward on dy and the class's sub-filter. On wgmma its epilogue
+// stores the class's rows straight into dx (Args::rows); elsewhere into a dense buffer, then
+// one scatter into dx. On a 3x3 stride-2 layer that is 9/4 instead of 9 taps of GEMM work per
+// input position. Workspace: the sub-filters (w's size), the class results (dx's size) and the
+// largest class's own workspace.
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "cc/conv/cuda_gemm_conv.cuh"
@@ -116,10 +116,7 @@ int64_t workspace_bytes(const Args& a) {
 // through TMA boxes, unless JAXDNN_CONV_NO_TMA=1 (benchmarks compare the two), whenever no box
 // can reach into the next group's columns: one group, or whole tiles per group.
 bool tma_b(const Args& a) {
-  static const bool off = [] {
-    const char* e = std::getenv("JAXDNN_CONV_NO_TMA");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool off = env_switch("JAXDNN_CONV_NO_TMA") == '1';
   const int64_t kg = a.p.Kg();
   return !off && (a.p.G == 1 || kg % tile_n(kg) == 0);
 }
@@ -181,10 +178,7 @@ Im2colView im2col_view(const Args& a) {
 }
 
 bool im2col_tma_applies(const Args& a) {
-  static const bool off = [] {
-    const char* e = std::getenv("JAXDNN_CONV_NO_IM2COL_TMA");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool off = env_switch("JAXDNN_CONV_NO_IM2COL_TMA") == '1';
   const Problem& p = a.p;
   // (bwd_filter reads x^T mn-major, which wgmma takes in 16 bits only.)
   if (off || (a.in == DType::kF32 && (!a.tf32 || a.dir == Direction::kBwdFilter)) ||
@@ -472,10 +466,7 @@ Status scatter_classes(const void* results, void* dx, const Problem& p, const Cl
 // TF32), whose epilogue takes mapped rows; JAXDNN_CONV_NO_CLASS_ROWS=1 keeps the scatter
 // (benchmarks compare the two).
 bool class_rows_direct(const Args& a) {
-  static const bool off = [] {
-    const char* e = std::getenv("JAXDNN_CONV_NO_CLASS_ROWS");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool off = env_switch("JAXDNN_CONV_NO_CLASS_ROWS") == '1';
   return !off && use_wgmma() && (a.in != DType::kF32 || a.tf32);
 }
 
@@ -493,12 +484,14 @@ Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t
   SubFilters f;
   f.count = int(classes);
   f.start[0] = 0;
+  bool any_empty = false;
   for (int64_t ci = 0; ci < classes; ++ci) {
     const StridedClass c = strided_class(p, ci);
     for (int ax = 0; ax < 3; ++ax)
       f.axis[ci][ax] = {int32_t(c.axis[ax].first), int32_t(c.axis[ax].step),
                         int32_t(c.axis[ax].taps)};
     f.start[ci + 1] = f.start[ci] + (c.empty() ? 0 : c.sub.w_elems());
+    any_empty = any_empty || c.empty();
   }
   sub_filters_kernel<W><<<cuda::grid_for(f.start[classes], kThreads), kThreads, 0, stream>>>(
       static_cast<const W*>(b.w), reinterpret_cast<W*>(filters), p, f);
@@ -506,13 +499,11 @@ Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t
     return st;
   // On wgmma each class's GEMM stores its rows straight into dx (ResultRows); elsewhere into
   // a dense buffer per class, then one scatter pass.
+  // (An empty class's dx rows are zero: cleared first.)
   const bool direct = class_rows_direct(a);
-  if (direct) {
-    bool any_empty = false;
-    for (int64_t ci = 0; ci < classes; ++ci) any_empty = any_empty || strided_class(p, ci).empty();
-    if (any_empty && cudaMemsetAsync(b.result, 0, p.x_elems() * ob, stream) != cudaSuccess)
-      return cuda::check_launch("conv implicit_precomp_gemm dx memset");
-  }
+  if (direct && any_empty &&
+      cudaMemsetAsync(b.result, 0, p.x_elems() * ob, stream) != cudaSuccess)
+    return cuda::check_launch("conv implicit_precomp_gemm dx memset");
   ClassMap map;
   int64_t y_at = 0;  // elements of the results so far
   for (int64_t ci = 0; ci < classes; ++ci) {

@@ -1,12 +1,12 @@
 // Helpers shared by every FFI handler: dtype mapping and Status -> ffi::Error.
 #pragma once
 
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
 
 #include "cc/common/dtype.h"
+#include "cc/common/env.h"
 #include "cc/common/status.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -37,8 +37,8 @@ inline ffi::Error invalid(const std::string& what) {
 // to write fails the tests instead of passing with stale memory.
 inline bool poison_outputs() {
   static const bool on = [] {
-    const char* v = std::getenv("JAXDNN_POISON_OUTPUTS");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
+    const char c = env_switch("JAXDNN_POISON_OUTPUTS");
+    return c != '\0' && c != '0';
   }();
   return on;
 }

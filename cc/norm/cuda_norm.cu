@@ -11,9 +11,9 @@
 //           sums every 8th partial row in double, the 8 splits are added in order.
 //           Traffic: read the partials once.
 
-#include <cstdlib>
 #include <limits>
 
+#include "cc/common/env.h"
 #include "cc/norm/cuda_kernels.cuh"
 #include "cc/norm/cuda_norm.h"
 
@@ -144,10 +144,7 @@ Status memset_bytes(void* p, int value, int64_t bytes, cudaStream_t st) {
 // The single-pass training forward where it applies, unless JAXDNN_NORM_NO_FUSED=1 (benchmarks
 // compare it with the three passes: stats, merge, apply).
 bool use_fused() {
-  static const bool off = [] {
-    const char* e = std::getenv("JAXDNN_NORM_NO_FUSED");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool off = env_switch("JAXDNN_NORM_NO_FUSED") == '1';
   return !off;
 }
 
