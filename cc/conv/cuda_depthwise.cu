@@ -20,17 +20,16 @@
 // filter has one row the image rows fold into one tall image (a 1-D problem is one long row).
 //
 // Block tile: kSlice = 16 channels x (TH, TW) destination positions. The source window of the
-// tile is staged in shared memory as the accumulator type (float; double for float64),
-// channels innermost:
+// tile is staged in shared memory in the source type, channels innermost (16-bit values become
+// float as they are read: a shift or a mask per value, against up to 7 FMAs per value):
 //   tile    (span_h, pitch, kSlice)   span = (tile-1)*stride + (taps-1)*dil + 1, pitch = span_w
 //                                     rounded up to odd, so that rows one apart fall in opposite
 //                                     halves of the banks (conflict-free 16-byte loads)
 //   filter  (R*S, kSlice)             taps of the slice (flipped for stride-1 bwd_data)
-// Staging uses 16-byte global loads (8 bf16/f16, 4 f32, 2 f64) when the channel map is the
-// identity: cp.async with zero fill for float32/float64 (every load of a thread in flight, no
-// registers), four loads in flight through registers for the 16-bit types (converted); scalar
-// loads when Kg > 1. Threads: lane fastest (V = 16 bytes of accumulators, 4 floats or 2
-// doubles: 4 or 8 lanes cover the slice).
+// Staging is a copy of 16-byte vectors (8 bf16/f16, 4 f32, 2 f64) by cp.async with zero fill
+// when the channel map is the identity (every load of a thread in flight, no registers, no
+// index division per vector); scalar loads when Kg > 1. Threads: lane fastest (V = 16 bytes
+// of accumulators, 4 floats or 2 doubles: 4 or 8 lanes cover the slice).
 //   fwd / bwd_data  thread = (lane, row tr of TR, column group of WG): outputs at rows tr and
 //       tr + TR (kHt = 2; quarter-warp neighbours read adjacent rows) by WT columns, WT = 7 or 8
 //       (7 tiles the 112/56/28/14/7-wide maps of ImageNet networks exactly and keeps WG = 8
@@ -41,29 +40,35 @@
 //       (output, tap), runtime taps, strides and dilations.
 //   bwd_filter  thread = (lane, task = filter row [x tap group of 8 in the generic path],
 //       group of items): per item (one dy row by WT columns of the tile) the WT dy vectors sit
-//       in registers and each x column of the row is loaded once: (S, V) accumulators.
+//       in registers and each x column of the row is loaded once: (S, V) accumulators. 16-bit
+//       tiles are double-buffered: the copies of item k + 1 fly while item k computes.
 // The host picks the variant (WT) and the tile (WG <= 8, TR or TH) per problem by a cost model:
 // computed positions (idle lanes of a partial warp included) plus a quarter per staged
-// position, within a 72 KB shared-memory budget (3 blocks per SM on the H200).
+// position, within a 72 KB shared-memory budget (3 blocks per SM on the H200); with 16-bit
+// tiles the fwd / bwd_data blocks stop at 128 threads, so that four fit the registers.
 //
 // Plans and cost of the benchmark shapes (N=64, 56x56; bf16 moves 2 bytes an element, f32 4):
 //   (a) C=144 3x3 pad 1: 0.52 GFLOP against 116 MB (bf16) / 231 MB (f32) of the two big
-//       tensors: memory bound. fwd/bwd_data: WT 7, 28x28 tiles, 224 threads, 60 KB; the staged
-//       halo (1.15x) mostly hits L2. bwd_filter: 8x56 tiles, 192 threads, 117 slabs per slice,
-//       0.6 MB of partials. At 3-4 TB/s: bf16 30-40 us = 13-17 TFLOP/s, f32 60-75 us = 7-9
-//       TFLOP/s, every direction.
+//       tensors: memory bound. fwd/bwd_data: WT 7, 28x28 tiles, 224 threads, 60 KB in f32 (bf16:
+//       8x56, 128 threads, 19 KB); the staged halo (1.15x) mostly hits L2. bwd_filter: 8x56
+//       tiles, 192 threads, 117 slabs per slice, 0.6 MB of partials. At 3-4 TB/s: bf16 30-40
+//       us = 13-17 TFLOP/s, f32 60-75 us = 7-9 TFLOP/s, every direction.
 //   (b) C=96 7x7 pad 3: 1.89 GFLOP against 77 MB (bf16): bound by shared-memory bandwidth.
-//       fwd/bwd_data: WT 7, 8x56 tiles, 128 threads, 60 KB; per thread and filter row 7 weight
+//       fwd/bwd_data: WT 7, 8x56 tiles, 128 threads, 31 KB in bf16 (4 blocks, 16 warps per
+//       SM; 60 KB in f32, 3 blocks); per thread and filter row 7 weight
 //       + 2*13 source 16-byte loads feed 392 FMAs: 4 wavefronts per 11.9 FMA issues, a 74%
 //       ceiling on FMA issue (50 TFLOP/s); predicted 30-40 TFLOP/s, bf16 and f32 alike.
-//       bwd_filter: 14x28 tiles, 224 threads, 176 slabs, 3.3 MB of partials; 7 dy + 13 x loads
+//       bwd_filter: 14x28 tiles, 224 threads, 176 slabs, 3.3 MB of partials, bf16 tiles
+//       double-buffered in 69 KB (95 registers: 2 blocks per SM); 7 dy + 13 x loads
 //       per 196 FMAs, a 61% ceiling; predicted 20-25 TFLOP/s.
 //   XLA/cuDNN on H200 (TFLOP/s, bf16 / f32): (a) fwd 5.3/4.4, bwd_data 7.0/5.3, bwd_filter
 //   4.5/4.2; (b) fwd 9.0/4.2, bwd_data 26.2/16.8, bwd_filter 10.5/0.3.
-//   Measured (H200, N=64, benchmarks/results/conv_gpu-*, TFLOP/s ours vs XLA the same run):
-//   (a) bf16 fwd 3.0 vs 3.7, bwd_data 3.4 vs 3.1, bwd_filter 1.9 vs 1.8; f32 2.8/2.0/2.2 vs
-//   2.7/2.7/3.4. (b) bf16 9.9/9.8/5.8 vs 6.9/6.6/5.5; f32 9.8/7.8/7.7 vs 3.9/2.1/0.3. The 3x3
-//   layer runs at ~15% of the bandwidth prediction: the staging, not HBM, is the limit there.
+//   Measured (H200, N=64, TFLOP/s ours vs XLA the same run; the 3x3 layer runs on
+//   depthwise_3x3 by default): (b) with 16-bit tiles (session 11, two A/B runs of layers 11-12)
+//   bf16 fwd 16.6-17.5 vs 10.2-10.7, bwd_data 16.2-16.7 vs 10.3-10.6 (float tiles: 11.8-14.3),
+//   bwd_filter 12.1-13.7 vs 11-13 (ncu 144 -> 103 us; 64% of issue slots busy: near
+//   issue-bound); f32 fwd/bwd_data 12-14.5 vs 4.5, bwd_filter ~10 vs 0.3. Earlier, (a) on this
+//   kernel: bf16 3.0 vs 3.7 fwd: the float staging, not HBM, was its limit.
 
 #include <algorithm>
 #include <cstdint>
@@ -89,7 +94,7 @@ constexpr int kSlice = 16;        // channels per block
 constexpr int kHt = 2;            // destination rows per thread (fwd, bwd_data)
 constexpr int kTapGroup = 8;      // filter taps per thread in the generic bwd_filter path
 constexpr int kMaxThreads = 256;  // threads per block, at most
-constexpr int kLoadBatch = 4;     // 16-byte global loads in flight per thread while staging
+constexpr int kHalfTileThreads = 128;  // fwd / bwd_data threads per block with 16-bit tiles
 constexpr int64_t kSmemBudget = 72 * 1024;  // tiles shrink to fit: 3 blocks per H200 SM
 constexpr int64_t kSmemLimit = 96 * 1024;   // a problem whose smallest tile needs more: No
 constexpr int64_t kFilterBlocks = 1056;     // bwd_filter blocks to aim for (8 per H200 SM)
@@ -149,6 +154,11 @@ struct FilterGeom {  // bwd_filter: dw (R*S, K) from x (the source) and dy (the 
   int pitch_dy;           // shared-memory positions per dy row (odd)
 };
 
+// bwd_filter's tile buffers for inputs of `bytes` per value: two for the 16-bit types (item
+// k + 1 copies in while item k computes). Float32 tiles, twice the bytes, would shrink within
+// the budget until the halo cost more than the overlap saves (7x7: 8x14 tiles, -20%).
+__host__ __device__ constexpr int tile_buffers(int64_t bytes) { return bytes == 2 ? 2 : 1; }
+
 // ---- device pieces shared by the kernels ----------------------------------------------------
 
 template <typename Acc>
@@ -157,67 +167,53 @@ __device__ __forceinline__ void fma_vec(Acc* acc, const Vec<Acc>& x, const Vec<A
   for (int e = 0; e < Vec<Acc>::kN; ++e) acc[e] += x.v[e] * w.v[e];
 }
 
-// Writes the accumulator-type values of one 16-byte source vector (zeros when !ok).
-template <typename In, typename Acc>
-__device__ __forceinline__ void store_converted(Acc* dst, const Vec<In>& v, bool ok) {
-  constexpr int kA = Vec<Acc>::kN;
-#pragma unroll
-  for (int o = 0; o < Vec<In>::kN / kA; ++o) {
-    Vec<Acc> a;
-#pragma unroll
-    for (int e = 0; e < kA; ++e) a.v[e] = ok ? Acc(to_acc(v.v[o * kA + e])) : Acc(0);
-    a.store(dst + o * kA);
+// The V accumulator-type values of a staged tile at p: one 16-byte shared load in the
+// accumulator's own type, 8 bytes of a 16-bit type converted here (a shift or a mask per value
+// for bfloat16, which the 7 FMAs per value of a 7-tap filter row hide).
+template <typename In>
+__device__ __forceinline__ Vec<dev_acc_t<In>> load_acc(const In* p) {
+  using Acc = dev_acc_t<In>;
+  if constexpr (std::is_same_v<In, Acc>) {
+    return Vec<Acc>::load(p);
+  } else {
+    const uint2 r = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = cuda::unpack_acc<In>(r.x), hi = cuda::unpack_acc<In>(r.y);
+    return Vec<Acc>{{lo.x, lo.y, hi.x, hi.y}};
   }
 }
 
 // Stages the (rows, cols) window at source position (r0, c0) of one image, destination
-// channels [d0, d0 + kSlice) of pass j, into tile (rows, pitch, kSlice); zeros outside the image
-// and for channels >= dst_c.
-template <typename In, typename Acc>
-__device__ void stage_tile(Acc* tile, const In* img, const Source& s, int src_h, int src_w, int r0,
+// channels [d0, d0 + kSlice) of pass j, into tile (rows, pitch, kSlice) of the source type;
+// zeros outside the image and for channels >= dst_c. Vector path: 16-byte cp.async copies,
+// left in flight for the caller to wait for. A thread's vectors are nt apart, so its channel
+// part is fixed and its (row, col) walks by a constant step with one carry: no per-vector
+// division.
+template <typename In>
+__device__ void stage_tile(In* tile, const In* img, const Source& s, int src_h, int src_w, int r0,
                            int c0, int rows, int cols, int pitch, int d0, int dst_c, int j) {
   const int tid = threadIdx.x, nt = blockDim.x;
   if (s.vec) {
-    constexpr int kVL = Vec<In>::kN, kParts = kSlice / kVL;
-    const int total = rows * cols * kParts;
-    // Vector i of the window: its offset in the tile, and its address (nullptr: zeros).
-    auto vector_at = [&](int i, int* at) -> const In* {
-      const int part = i % kParts, pos = i / kParts, row = pos / cols, col = pos - row * cols;
-      const int gr = r0 + row, gc = c0 + col, d = d0 + part * kVL;
-      *at = (row * pitch + col) * kSlice + part * kVL;
-      const bool ok = gr >= 0 && gr < src_h && gc >= 0 && gc < src_w && d < dst_c;
-      return ok ? img + (int64_t(gr) * src_w + gc) * s.c + d : nullptr;
-    };
-    if constexpr (std::is_same_v<In, Acc>) {  // a plain copy: every load of the thread in flight
-      for (int i = tid; i < total; i += nt) {
-        int at;
-        const In* g = vector_at(i, &at);
-        cuda::cp_async16(tile + at, g ? g : img, g != nullptr);
-      }
-      cuda::cp_async_wait_all();
-    } else {  // converted through registers, kLoadBatch loads in flight
-      for (int i0 = tid; i0 < total; i0 += kLoadBatch * nt) {
-        Vec<In> v[kLoadBatch];
-        const In* g[kLoadBatch];
-        int at[kLoadBatch];
-#pragma unroll
-        for (int u = 0; u < kLoadBatch; ++u) {
-          g[u] = i0 + u * nt < total ? vector_at(i0 + u * nt, &at[u]) : nullptr;
-          if (g[u]) v[u] = Vec<In>::load(g[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < kLoadBatch; ++u)
-          if (i0 + u * nt < total) store_converted(tile + at[u], v[u], g[u] != nullptr);
-      }
+    constexpr int kVL = Vec<In>::kN, kParts = kSlice / kVL;  // kParts divides nt (lanes)
+    const int part = tid % kParts, step = nt / kParts, dr = step / cols, dc = step % cols;
+    const int d = d0 + part * kVL;
+    const bool chan_ok = d < dst_c;
+    In* at = tile + part * kVL;
+    for (int row = tid / kParts / cols, col = tid / kParts % cols; row < rows;) {
+      const int gr = r0 + row, gc = c0 + col;
+      const bool ok = chan_ok && gr >= 0 && gr < src_h && gc >= 0 && gc < src_w;
+      cuda::cp_async16(at + (row * pitch + col) * kSlice,
+                       ok ? img + (int64_t(gr) * src_w + gc) * s.c + d : img, ok);
+      col += dc, row += dr;
+      if (col >= cols) col -= cols, ++row;
     }
   } else {
     const int total = rows * cols * kSlice;
     for (int i = tid; i < total; i += nt) {
       const int kk = i % kSlice, pos = i / kSlice, row = pos / cols, col = pos - row * cols;
       const int gr = r0 + row, gc = c0 + col, d = d0 + kk;
-      Acc v = 0;
+      In v = from_acc<In>(0.f);
       if (gr >= 0 && gr < src_h && gc >= 0 && gc < src_w && d < dst_c)
-        v = to_acc(img[(int64_t(gr) * src_w + gc) * s.c + (d * s.chan_mul + j) / s.chan_div]);
+        v = img[(int64_t(gr) * src_w + gc) * s.c + (d * s.chan_mul + j) / s.chan_div];
       tile[(row * pitch + col) * kSlice + kk] = v;
     }
   }
@@ -247,8 +243,8 @@ __device__ __forceinline__ void store_out(Out* p, const Acc* v, int valid, bool 
 
 // Adds the tile's contribution to this thread's outputs: rows tr and tr + TR, columns
 // tw0 .. tw0 + kWt - 1 of the tile, lane's V channels. tile and wts point at the lane's channels.
-template <int kS, int kSW, int kWt, bool kTransposed, typename Acc>
-__device__ __forceinline__ void conv_accumulate(const Acc* tile, const Acc* wts, const Tiling& t,
+template <int kS, int kSW, int kWt, bool kTransposed, typename In, typename Acc>
+__device__ __forceinline__ void conv_accumulate(const In* tile, const Acc* wts, const Tiling& t,
                                                 int e_h, int e_w, int tr, int tw0,
                                                 Acc (&acc)[kHt][kWt][Vec<Acc>::kN]) {
   using VA = Vec<Acc>;
@@ -260,13 +256,13 @@ __device__ __forceinline__ void conv_accumulate(const Acc* tile, const Acc* wts,
       for (int h = 0; h < kHt; ++h) {
         const int u = tr + h * TR + e_h - r * ah.dil;
         if (u % ah.stride != 0) continue;
-        const Acc* row = tile + (u / ah.stride) * ld;
+        const In* row = tile + (u / ah.stride) * ld;
         for (int s = 0; s < S; ++s) {
           const VA wv = VA::load(wts + (r * S + s) * kSlice);
 #pragma unroll
           for (int i = 0; i < kWt; ++i) {
             const int v = tw0 + i + e_w - s * aw.dil;
-            if (v % aw.stride == 0) fma_vec(acc[h][i], VA::load(row + v / aw.stride * kSlice), wv);
+            if (v % aw.stride == 0) fma_vec(acc[h][i], load_acc(row + v / aw.stride * kSlice), wv);
           }
         }
       }
@@ -276,10 +272,10 @@ __device__ __forceinline__ void conv_accumulate(const Acc* tile, const Acc* wts,
       for (int s = 0; s < kS; ++s) wv[s] = VA::load(wts + (r * kS + s) * kSlice);
 #pragma unroll
       for (int h = 0; h < kHt; ++h) {
-        const Acc* row = tile + ((tr + h * TR) * ah.stride + r * ah.dil) * ld + tw0 * kSW * kSlice;
+        const In* row = tile + ((tr + h * TR) * ah.stride + r * ah.dil) * ld + tw0 * kSW * kSlice;
 #pragma unroll
         for (int c = 0; c < (kWt - 1) * kSW + kS; ++c) {  // each source column once
-          const VA x = VA::load(row + c * kSlice);
+          const VA x = load_acc(row + c * kSlice);
 #pragma unroll
           for (int s = 0; s < kS; ++s) {
             const int d = c - s;  // output i reads column i*kSW + s
@@ -292,11 +288,11 @@ __device__ __forceinline__ void conv_accumulate(const Acc* tile, const Acc* wts,
         const VA wv = VA::load(wts + (r * S + s) * kSlice);
 #pragma unroll
         for (int h = 0; h < kHt; ++h) {
-          const Acc* row =
+          const In* row =
               tile + ((tr + h * TR) * ah.stride + r * ah.dil) * ld + s * aw.dil * kSlice;
 #pragma unroll
           for (int i = 0; i < kWt; ++i)
-            fma_vec(acc[h][i], VA::load(row + (tw0 + i) * aw.stride * kSlice), wv);
+            fma_vec(acc[h][i], load_acc(row + (tw0 + i) * aw.stride * kSlice), wv);
         }
       }
     }
@@ -312,8 +308,8 @@ depthwise_conv_kernel(ConvGeom g, const In* __restrict__ src, const In* __restri
   constexpr int V = Vec<Acc>::kN, kLanes = kSlice / V;
   extern __shared__ __align__(16) unsigned char smem[];
   const Tiling& t = g.t;
-  Acc* tile = reinterpret_cast<Acc*>(smem);              // (h.span, pitch, kSlice)
-  Acc* wts = tile + t.h.span * t.pitch * kSlice;         // (R*S, kSlice)
+  In* tile = reinterpret_cast<In*>(smem);                                 // (span, pitch, kSlice)
+  Acc* wts = reinterpret_cast<Acc*>(tile + t.h.span * t.pitch * kSlice);  // (R*S, kSlice)
 
   int b = blockIdx.x;  // (n, tile row, tile column, slice), slice fastest
   const int slice = b % t.slices;
@@ -335,6 +331,7 @@ depthwise_conv_kernel(ConvGeom g, const In* __restrict__ src, const In* __restri
     if (j > 0) __syncthreads();  // the previous pass is done with the tile
     stage_tile(tile, img, g.src, t.h.src, t.w.src, r0, c0, t.h.span, t.w.span, t.pitch, d0,
                g.dst_c, j);
+    cuda::cp_async_wait_all();
     for (int i = threadIdx.x; i < taps * kSlice; i += blockDim.x) {
       const int tap = g.flip ? taps - 1 - i / kSlice : i / kSlice, d = d0 + i % kSlice;
       wts[i] = d < g.dst_c ? Acc(to_acc(w[int64_t(tap) * g.K + d * g.src.chan_mul + j])) : Acc(0);
@@ -373,8 +370,11 @@ depthwise_filter_kernel(FilterGeom g, const In* __restrict__ x, const In* __rest
   extern __shared__ __align__(16) unsigned char smem[];
   const Tiling& t = g.t;
   const Axis &ah = t.h, &aw = t.w;
-  Acc* xt = reinterpret_cast<Acc*>(smem);          // (h.span, pitch, kSlice)
-  Acc* dyt = xt + ah.span * t.pitch * kSlice;      // (h.tile, pitch_dy, kSlice)
+  constexpr int kBuffers = tile_buffers(sizeof(In));  // of (x tile, dy tile)
+  const int x_elems = ah.span * t.pitch * kSlice;
+  const int buf_elems = x_elems + ah.tile * g.pitch_dy * kSlice;
+  // [buffers][(h.span, pitch) + (h.tile, pitch_dy)][kSlice]
+  In* const bufs = reinterpret_cast<In*>(smem);
 
   const int slice = blockIdx.x % t.slices, chunk = blockIdx.x / t.slices, d0 = slice * kSlice;
   const int lane = threadIdx.x % kLanes, rest = threadIdx.x / kLanes;
@@ -383,30 +383,43 @@ depthwise_filter_kernel(FilterGeom g, const In* __restrict__ x, const In* __rest
   const int first = int(int64_t(chunk) * g.items / g.chunks);
   const int last = int(int64_t(chunk + 1) * g.items / g.chunks);
   const int WG = aw.tile / kWt, tile_items = ah.tile * WG, S = aw.taps;
-
-  Acc acc[kA][V] = {};
-  for (int item = first; item < last; ++item) {
+  // Starts the copies of an item's x and dy tiles into buffer b.
+  auto stage_item = [&](int item, int b) {
     const int bw = item % t.tiles_w, bh = item / t.tiles_w % t.tiles_h;
     const int n = item / (t.tiles_w * t.tiles_h);
     const int o0h = bh * ah.tile, o0w = bw * aw.tile;
-    __syncthreads();  // the previous item is done with the tiles
+    In* xt = bufs + b * buf_elems;
     stage_tile(xt, x + int64_t(n) * ah.src * aw.src * g.x.c, g.x, ah.src, aw.src,
                ah.base<false>(o0h), aw.base<false>(o0w), ah.span, aw.span, t.pitch, d0, g.K, 0);
-    stage_tile(dyt, dy + int64_t(n) * ah.dst * aw.dst * g.K, g.dy, ah.dst, aw.dst, o0h, o0w,
-               ah.tile, aw.tile, g.pitch_dy, d0, g.K, 0);
-    __syncthreads();
+    stage_tile(xt + x_elems, dy + int64_t(n) * ah.dst * aw.dst * g.K, g.dy, ah.dst, aw.dst, o0h,
+               o0w, ah.tile, aw.tile, g.pitch_dy, d0, g.K, 0);
+    cuda::cp_async_commit();
+  };
+
+  Acc acc[kA][V] = {};
+  if (first < last) stage_item(first, 0);
+  for (int item = first, b = 0; item < last; ++item, b ^= kBuffers - 1) {
+    if (kBuffers == 2 && item + 1 < last) {
+      stage_item(item + 1, b ^ 1);  // its buffer's readers finished at the last barrier
+      cuda::cp_async_wait<1>();
+    } else {
+      cuda::cp_async_wait<0>();
+    }
+    __syncthreads();  // this item's tiles are visible to every thread
+    const In* xt = bufs + b * buf_elems;
+    const In* dyt = xt + x_elems;
     for (int it = grp; it < tile_items; it += g.groups) {
       const int th = it % ah.tile, tw0 = it / ah.tile * kWt;
       VA d[kWt];
 #pragma unroll
       for (int i = 0; i < kWt; ++i)
-        d[i] = VA::load(dyt + ((th * g.pitch_dy + tw0 + i) * kSlice + lane * V));
-      const Acc* row = xt + (th * ah.stride + r * ah.dil) * t.pitch * kSlice + lane * V;
+        d[i] = load_acc(dyt + ((th * g.pitch_dy + tw0 + i) * kSlice + lane * V));
+      const In* row = xt + (th * ah.stride + r * ah.dil) * t.pitch * kSlice + lane * V;
       if constexpr (kS > 0) {
         row += tw0 * kSW * kSlice;
 #pragma unroll
         for (int c = 0; c < (kWt - 1) * kSW + kS; ++c) {  // each x column once
-          const VA xv = VA::load(row + c * kSlice);
+          const VA xv = load_acc(row + c * kSlice);
 #pragma unroll
           for (int s = 0; s < kS; ++s) {
             const int e = c - s;  // dy column i meets x column i*kSW + s
@@ -419,17 +432,19 @@ depthwise_filter_kernel(FilterGeom g, const In* __restrict__ x, const In* __rest
           if (s0 + a >= S) break;
 #pragma unroll
           for (int i = 0; i < kWt; ++i)
-            fma_vec(acc[a], VA::load(row + ((tw0 + i) * aw.stride + (s0 + a) * aw.dil) * kSlice),
+            fma_vec(acc[a], load_acc(row + ((tw0 + i) * aw.stride + (s0 + a) * aw.dil) * kSlice),
                     d[i]);
         }
       }
     }
+    __syncthreads();  // every thread is done with buffer b before the next item refills it
+    if (kBuffers == 1 && item + 1 < last) stage_item(item + 1, 0);
   }
 
   // Thread groups add up in group order through shared memory: red (groups, R*S, kSlice).
   const int taps = ah.taps * S;
   Acc* red = reinterpret_cast<Acc*>(smem);
-  __syncthreads();
+  if (first >= last) __syncthreads();  // (otherwise the loop's last barrier did)
 #pragma unroll
   for (int a = 0; a < kA; ++a)
     if (s0 + a < S)
@@ -518,6 +533,7 @@ void set_tile(Axis* a, int64_t tile, bool transposed) {
 }
 
 int64_t acc_bytes(DType in) { return in == DType::kF64 ? 8 : 4; }
+int64_t in_bytes(DType in) { return in == DType::kF32 ? 4 : in == DType::kF64 ? 8 : 2; }
 int lanes_for(DType in) { return kSlice / int(16 / acc_bytes(in)); }
 
 // A kernel variant: the fast path's filter width and W stride (0, 0: generic) and the
@@ -604,13 +620,17 @@ ConvPlan plan_conv(const Args& a) {
     g.dst_c = int(p.C);
     g.passes = int(Kg);
   }
-  const int64_t lanes = lanes_for(a.in), spatial = kMaxThreads / lanes;
-  const int64_t ab = acc_bytes(a.in), row_sets = ceil_div(t.h.dst, kHt);
+  // 16-bit tiles take half the shared memory, so four blocks fit an SM; the kernel's ~125
+  // registers fit four only of 128 threads (16 warps), where the cost model alone would take
+  // 224-thread tiles at two blocks (14 warps).
+  const int64_t max_threads = in_bytes(a.in) == 2 ? kHalfTileThreads : kMaxThreads;
+  const int64_t lanes = lanes_for(a.in), spatial = max_threads / lanes;
+  const int64_t row_sets = ceil_div(t.h.dst, kHt);
   auto smem_for = [&](int64_t WT, int64_t WG, int64_t TR) {
     set_tile(&t.h, TR * kHt, pl.transposed);
     set_tile(&t.w, WG * WT, pl.transposed);
     t.pitch = t.w.span | 1;
-    return (int64_t(t.h.span) * t.pitch + R * S) * kSlice * ab;
+    return (int64_t(t.h.span) * t.pitch * in_bytes(a.in) + R * S * acc_bytes(a.in)) * kSlice;
   };
   // Kg > 1 bwd_data and the gather form take the generic kernel: only it loops over passes.
   const std::vector<Variant> vars = variants(t.w, g.passes == 1 && !pl.transposed);
@@ -652,7 +672,8 @@ struct FilterPlan {
 
 // Picks the variant and tile at the least cost within the budget: WG column groups as for the
 // convolution, TH dy rows (at most 16); threads: lanes x tasks x groups, the groups sharing the
-// tile's items evenly (idle item slots count in the cost). Slabs: about kFilterBlocks blocks.
+// tile's items evenly (idle item slots count in the cost). Slabs: about kFilterBlocks blocks,
+// of two items or more.
 FilterPlan plan_filter(const Args& a) {
   FilterPlan pl;
   pl.support = check_problem(a);
@@ -674,7 +695,7 @@ FilterPlan plan_filter(const Args& a) {
   if (g.tasks * lanes > kMaxThreads)
     return {Support::No("bwd_filter: filter too large (rows x tap groups of 8 > " +
                         std::to_string(kMaxThreads / lanes) + ")"), {}, {0, 0, 8}, 0, 0, 0};
-  const int64_t ab = acc_bytes(a.in), taps = R * S;
+  const int64_t taps = R * S;
   const int64_t group_cap = std::max<int64_t>(1, kMaxThreads / (lanes * g.tasks));
   auto smem_for = [&](int64_t WT, int64_t WG, int64_t TH) {
     set_tile(&t.h, TH, false);
@@ -683,7 +704,8 @@ FilterPlan plan_filter(const Args& a) {
     g.pitch_dy = t.w.tile | 1;
     g.groups = int(balance(TH * WG, group_cap));
     const int64_t tiles = int64_t(t.h.span) * t.pitch + TH * g.pitch_dy;
-    return std::max(tiles, g.groups * taps) * kSlice * ab;
+    return std::max(tile_buffers(in_bytes(a.in)) * tiles * in_bytes(a.in),
+                    g.groups * taps * acc_bytes(a.in)) * kSlice;
   };
   int64_t WG = 1, TH = 1;  // (and vars[0]) when no tile fits the budget
   double best = -1;
@@ -712,9 +734,10 @@ FilterPlan plan_filter(const Args& a) {
   if (items >= (int64_t(1) << 31))
     return {Support::No("too many tiles for one launch"), {}, {0, 0, 8}, 0, 0, 0};
   g.items = int(items);
-  g.chunks = int(std::min(items, std::max<int64_t>(1, kFilterBlocks / t.slices)));
+  // Slabs of two items or more, so that one item's copies overlap another's arithmetic.
+  g.chunks = int(std::max<int64_t>(std::min(items / 2, kFilterBlocks / t.slices), items > 0));
   pl.threads = int(lanes * g.tasks * g.groups);
-  pl.workspace = int64_t(g.chunks) * t.slices * taps * kSlice * ab;
+  pl.workspace = int64_t(g.chunks) * t.slices * taps * kSlice * acc_bytes(a.in);
   return pl;
 }
 

@@ -12,16 +12,17 @@
 // filter registers (18 floats, not 36), which is what fits 64 registers.
 //   fwd / bwd_data  thread = (image, column pair q0, channel pair, strip of output rows); the
 //       9 filter taps sit in registers as float. Step i loads source row h = p0 - ph + i once
-//       (kSpan = 4 columns q0 - pw .. q0 - pw + 3, zeros outside the image) while the next row
-//       is already loading, and adds it to the 3 output rows that read it: `fresh` (filter row 0,
-//       output p0 + i, started here), `mid` (row 1) and `done` (row 2, output p0 + i - 2, then
-//       stored). The three accumulator rows rotate by name (the loop is unrolled by 3), so
-//       nothing moves. A strip of R output rows costs R + 2 steps. bwd_data at stride 1 is the
+//       (kSpan = 4 columns q0 - pw .. q0 - pw + 3, zeros outside the image) while the next two
+//       rows are already loading, and adds it to the 3 output rows that read it: `fresh`
+//       (filter row 0, output p0 + i, started here), `mid` (row 1) and `done` (row 2, output
+//       p0 + i - 2, then stored). The three accumulator rows rotate by name (the loop is
+//       unrolled by 3), so nothing moves. A strip of R output rows costs R + 2 steps. bwd_data at stride 1 is the
 //       same correlation of dy with the 180-degree-rotated filter, padding 2 - pad.
 //   bwd_filter  dw(r, s, c) = sum over (n, p, q) of x(n, p - ph + r, q - pw + s, c) *
 //       dy(n, p, q, c). thread = (channel pair, column pair) of a work item (image, strip of x
 //       rows, column block); step i loads x row h (4 columns) and dy row h + ph (2 columns),
-//       keeps the dy rows h + ph - 1 and h + ph - 2 of the two steps before (rotating by name),
+//       keeps the dy rows h + ph - 1 and h + ph - 2 of the two steps before (rotating by name)
+//       while the next two steps' rows load,
 //       and adds 36 products into the 9 taps x 2 channels of accumulators. A fixed grid (one
 //       wave on 132 SMs, so that the workspace does not depend on the device) takes the items
 //       round-robin; each block sums its threads' accumulators in a fixed order through shared
@@ -53,7 +54,9 @@
 //       XLA's 106 us.
 //   Measured (H200, same run): fwd 69 us, bwd_data 86 us, bwd_filter 105 us (XLA 98 / 76 /
 //       101): twice the prediction. 16 KB in flight per SM sustains ~2 TB/s of reads, not 4;
-//       more, shorter strips are the next step (benchmarks/NOTES.md).
+//       more, shorter strips are the next step (benchmarks/NOTES.md). Session 11: two rows in
+//       flight instead of one (~22 KB per SM): bf16 +7-12% on average over two A/B runs,
+//       within the harness's run-to-run noise; float32 unchanged.
 
 #include <algorithm>
 #include <cstdint>
@@ -176,14 +179,16 @@ depthwise3_conv_kernel(const In* __restrict__ src, const In* __restrict__ w, Out
       v[s] = load_raw(src + (src0 + unsigned(i) * src_pitch + s * g.C),
                       ok && unsigned(x0 + s) < unsigned(g.ws));
   };
-  Raw<In> cur[kSpan];
+  Raw<In> cur[kSpan], nxt[kSpan];
   load_row(0, cur);
+  load_row(1, nxt);
   // Step i: `fresh` starts output row p0 + i (filter row 0), `mid` adds row 1 to p0 + i - 1,
-  // `done` adds row 2 to p0 + i - 2, which is then complete; the next row is already loading.
+  // `done` adds row 2 to p0 + i - 2, which is then complete; the next two rows are already
+  // loading.
   using Acc = float[kW][kCh];
   auto step = [&](int i, Acc& fresh, Acc& mid, Acc& done) {
-    Raw<In> nxt[kSpan];
-    load_row(i + 1, nxt);
+    Raw<In> far[kSpan];
+    load_row(i + 2, far);
     float x[kSpan][kCh];
     to_floats<In>(cur, x);
 #pragma unroll
@@ -203,7 +208,7 @@ depthwise3_conv_kernel(const In* __restrict__ src, const In* __restrict__ w, Out
       if (i >= 2 && q0 + u < g.wd)
         store_ch(dst + (dst0 + unsigned(i) * dst_pitch + u * g.C), done[u]);
 #pragma unroll
-    for (int s = 0; s < kSpan; ++s) cur[s] = nxt[s];
+    for (int s = 0; s < kSpan; ++s) cur[s] = nxt[s], nxt[s] = far[s];
   };
   Acc a0, a1 = {}, a2 = {};  // the rows of steps 0, 1, 2 (mod 3)
   rotating_steps(steps, a0, a2, a1, step);
@@ -259,8 +264,9 @@ depthwise3_filter_kernel(const In* __restrict__ x, const In* __restrict__ dy,
       load_dy(i + 2, ok, d);
     };
     using Dy = float[kW][kCh];
-    Raw<In> cur[kSpan], cur_d[kW];
+    Raw<In> cur[kSpan], cur_d[kW], nxt[kSpan], nxt_d[kW];
     load_step(0, cur, cur_d);
+    load_step(1, nxt, nxt_d);
     Dy d0, d1, d2;  // dy rows of steps 0, 1, 2 (mod 3)
     {
       Raw<In> r[kW];
@@ -270,10 +276,10 @@ depthwise3_filter_kernel(const In* __restrict__ x, const In* __restrict__ dy,
       to_floats<In>(r, d2);
     }
     // Step i: `fresh` = dy row h + ph (filter row 0), `mid` = h + ph - 1, `old` = h + ph - 2;
-    // the next step's rows are already loading.
+    // the next two steps' rows are already loading.
     auto step = [&](int i, Dy& fresh, const Dy& mid, const Dy& old) {
-      Raw<In> nxt[kSpan], nxt_d[kW];
-      load_step(i + 1, nxt, nxt_d);
+      Raw<In> far[kSpan], far_d[kW];
+      load_step(i + 2, far, far_d);
       to_floats<In>(cur_d, fresh);
       float xv[kSpan][kCh];
       to_floats<In>(cur, xv);
@@ -288,9 +294,9 @@ depthwise3_filter_kernel(const In* __restrict__ x, const In* __restrict__ dy,
             acc[6 + s][k] = fmaf(xv[u + s][k], old[u][k], acc[6 + s][k]);
           }
 #pragma unroll
-      for (int s = 0; s < kSpan; ++s) cur[s] = nxt[s];
+      for (int s = 0; s < kSpan; ++s) cur[s] = nxt[s], nxt[s] = far[s];
 #pragma unroll
-      for (int u = 0; u < kW; ++u) cur_d[u] = nxt_d[u];
+      for (int u = 0; u < kW; ++u) cur_d[u] = nxt_d[u], nxt_d[u] = far_d[u];
     };
     rotating_steps(steps, d0, d1, d2, step);
   }
