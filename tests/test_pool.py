@@ -376,6 +376,30 @@ def test_lowers_for_cuda():
 
 
 @pytest.mark.skipif(not has_gpu(), reason="no GPU")
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_strips_3x3_stride2(dtype):
+    """3x3/2 pad 1 on the GPU's strip kernel (cuda_pool.cu) with strips of several output rows
+    (2 to 4 on an H200, the last one partial: strip boundaries inside the images): ties go to
+    the first maximum (the selection indices), NaN on a boundary row reaches both windows
+    that share it, exclude-pad divisors at the edges."""
+    rng = np.random.default_rng(10)
+    shape, window, strides, padding = (32, 61, 64, 64), 3, 2, 1
+    win, strd, pads = _geometry(shape, window, strides, padding)
+    x = rng.integers(0, 3, shape).astype(np.dtype(dtype))
+    ct = rng.integers(1, 5, _out_shape(shape, win, strd, pads)).astype(np.dtype(dtype))
+    f = lambda v: jaxdnn.max_pool(v, window, strides, padding)  # noqa: E731
+    y, dx = fwd_and_vjp(f)(*on("gpu", x, ct))
+    ref_y, ref_dx = ref_fwd_and_vjp(x, ct, "max", win, strd, pads)
+    np.testing.assert_array_equal(np.asarray(y, np.float64), ref_y)
+    np.testing.assert_array_equal(np.asarray(dx, np.float64), ref_dx)
+    x[0, 7, 5, 3] = x[1, 8, 9, 0] = x[2, 15, 0, 63] = np.nan  # rows 7 and 15: boundaries
+    with jax.default_device(CPU):
+        for op in OPS:
+            assert_close(ours(on("gpu", x), op, window, strides, padding),
+                         ref_pool(x, op, win, strd, pads), dtype, what=f"{op} strips")
+
+
+@pytest.mark.skipif(not has_gpu(), reason="no GPU")
 def test_gpu_deterministic():
     rng = np.random.default_rng(8)
     x = on("gpu", rng.integers(0, 4, (4, 30, 30, 64)).astype(np.float32))

@@ -166,9 +166,25 @@ struct WindowState {
       if constexpr (kIndex) ix[i] = take ? k : ix[i];
     }
   }
-  __device__ __forceinline__ void merge(const WindowState& later) {
+  // One tap (window index k) of all N channels: the per-tap step of every forward kernel.
+  __device__ __forceinline__ void add_tap(const A* v, int32_t k) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) add(i, later.acc[i], kIndex ? later.ix[i] : 0);
+    for (int i = 0; i < N; ++i) add(i, v[i], k);
+  }
+  // Starts the state at one tap (max: as init() then add_tap(v, k) would, except that a -inf
+  // tap counts as selected, which no merge can tell from nothing selected: a state whose value
+  // is -inf is never taken).
+  __device__ __forceinline__ void first_tap(const A* v, int32_t k) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      acc[i] = v[i];
+      if constexpr (kIndex) ix[i] = k;
+    }
+  }
+  // Appends a state over later taps whose window indices are its own plus k0.
+  __device__ __forceinline__ void merge(const WindowState& later, int32_t k0 = 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) add(i, later.acc[i], kIndex ? later.ix[i] + k0 : 0);
   }
   // Writes channels [i0, i0 + V) of the result (avg: times 1/divisor) and their indices.
   template <typename T, int V, typename Idx>

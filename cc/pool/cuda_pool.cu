@@ -4,6 +4,16 @@
 //                of V channels); it walks the window's valid taps. Traffic: x read once from
 //                DRAM (overlapping windows re-read taps from L1/L2), y (and idx) written once:
 //                N*D*H*W*C + N*Z*P*Q*C elements (+ N*Z*P*Q*C index bytes).
+//   strip_fwd    the same ops for 2-D windows (window and stride 1 along D, no D padding) on
+//                the vector path, of a shape in StripShapes (3/2 along W, 2 output rows
+//                sharing an input row along H: the 3x3/2 family). One thread per (plane, strip
+//                of S consecutive output rows, J = 2 output columns, one vector of channels):
+//                it walks the strip's input rows once, top to bottom, each row's 5 column
+//                vectors loaded one row ahead of the row it reduces, and merges each row into
+//                the output rows whose windows hold it (row 2p+1 of a 3x3/2 pool into p and
+//                p+1: read once, not twice). Taps reach each window in row-major order, so
+//                results equal window_fwd's bit for bit (avg sums too). JAXDNN_POOL_NO_STRIP=1
+//                sends everything to window_fwd.
 //   window_bwd   max_scatter, avg_bwd, as a gather: one thread per (input position, G vectors
 //                of V channels) visits the windows covering it (2.25 on average for 3x3
 //                stride 2) and sums dy where the window selected it (max) or dy/divisor (avg).
@@ -22,9 +32,32 @@
 // only one row of taps (32 bytes) in flight. With J = 2 a thread walks the 4 contiguous taps
 // of each window row once (128 bytes per row of taps, 4 loads in flight), and 3x3/2 windows
 // read 5 columns instead of 6. Traffic unchanged: x read once from DRAM, y written once.
+//
+// strip_fwd on the benchmark (x 64x112x112x64, 3x3/2 pad 1; H200: 132 SMs, a wave of 2 blocks
+// of 256 threads per SM at <= 128 registers; times of the kernel alone, CUDA events):
+//   float32   16 lanes x 28 column pairs x 64 images = 28,672 threads per strip row; a wave
+//             holds 67,584: 2 strips of 28 rows, 57,344 threads (224 blocks, one wave).
+//             DRAM: x 205.5 MB (+0.9%: one row per image read by both strips) + y 51.4 MB =
+//             259 MB, 63.6 us at the 4.07 TB/s copy rate. A thread issues, per input row, 5
+//             LDG.128 and ~210 instructions (4 + 3 merges of 4 channels at 3 instructions,
+//             every other row 2 stores and a slot shift): 10 loads per 8 outputs against 15
+//             in window_fwd (3 rows x 5); 21.5M warp instructions, ~20 us of issue over all
+//             schedulers. Measured max 66.3 us (window_fwd 75.1), avg 69.5 (73.6), max with
+//             index 72.0 (93.5).
+//   bfloat16  8 lanes: 4 strips of 14 rows (+2.7% of x), 57,344 threads; x 102.8 + y 25.7 MB,
+//             31.6 us at the copy rate; ~260 instructions per row (the conversions). Measured
+//             max 42.7 us (window_fwd 51.7), avg 39.9 (42.4), max with index 68.7 (77.2).
+// 2x2/2 stays on window_fwd: no input row is shared, so strips would only save index math,
+// and window_fwd's 800k short threads stream better than one wave of long ones: bf16 34.3 us
+// (3.74 TB/s; 31.6 at the copy rate) against 39.7 for strips, float32 62.5 (4.11 TB/s) against
+// 66.
 
+#include <limits>
+#include <tuple>
 #include <type_traits>
 
+#include "cc/common/cuda_pack.h"
+#include "cc/common/env.h"
 #include "cc/pool/cuda_common.cuh"
 #include "cc/pool/cuda_pool.h"
 
@@ -35,6 +68,31 @@ namespace {
 // accumulators (2 vectors of 8 bf16 channels with their indices) without spilling, and enough
 // loads in flight to cover the memory latency.
 constexpr int kMinBlocks = 3;
+
+// The forward epilogue of both forward kernels: stores output columns [q0, q0 + J) (those < Q)
+// of one output row, column j from st[j], at element offset out + j*C (+ k*lanes*V for the
+// k-th of the G vectors). avg divides by the window size, or with exclude-pad by the taps on
+// the input: rows_in (planes times rows) times cols_in[j].
+template <typename T, int V, int G, typename A, int J, Reduce R, typename Idx>
+__device__ __forceinline__ void store_columns(const Geom& g,
+                                              const WindowState<A, G * V, R> (&st)[J],
+                                              int32_t out, int32_t q0, int32_t rows_in,
+                                              const int32_t (&cols_in)[J], T* y, Idx* idx,
+                                              bool include_pad) {
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    if (q0 + j >= g.out[2]) break;
+    A inv = A(1);
+    if constexpr (R == Reduce::kAvg)  // 1/0 = inf for a window of only padding: NaN, as flax
+      inv = A(1) / A(include_pad ? g.window_size() : rows_in * cols_in[j]);
+#pragma unroll
+    for (int k = 0; k < G; ++k) {
+      const int32_t o = out + j * g.C + k * g.lanes * V;
+      st[j].template store<T, V, Idx>(k * V, y + o, R == Reduce::kMaxIndex ? idx + o : nullptr,
+                                      inv);
+    }
+  }
+}
 
 template <typename T, int V, int G, int J, Reduce R, typename Idx>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
@@ -77,27 +135,178 @@ window_fwd_kernel(Geom g, FastDiv q_groups, const T* __restrict__ x, T* __restri
             load_channels<T, V>(row + w * g.C + k * g.lanes * V, v + k * V);
 #pragma unroll
           for (int j = 0; j < J; ++j)
-            if (w >= w0[j] && w < w1[j])
-#pragma unroll
-              for (int c = 0; c < G * V; ++c) st[j].add(c, v[c], k0 + w - qs[j]);
+            if (w >= w0[j] && w < w1[j]) st[j].add_tap(v, k0 + w - qs[j]);
         }
       }
+    int32_t cols_in[J];
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const int32_t q = qg * J + j;
-      if (q >= g.out[2]) break;
-      A inv = A(1);
-      if constexpr (R == Reduce::kAvg)  // 1/0 = inf for a window of only padding: NaN, as flax
-        inv = A(1) / A(include_pad ? g.window_size() : (z1 - z0) * (p1 - p0) * (w1[j] - w0[j]));
-      const int32_t out = (((n * g.out[0] + z) * g.out[1] + pp) * g.out[2] + q) * g.C + lane * V;
+    for (int j = 0; j < J; ++j) cols_in[j] = w1[j] - w0[j];
+    const int32_t out = (((n * g.out[0] + z) * g.out[1] + pp) * g.out[2] + qg * J) * g.C + lane * V;
+    store_columns<T, V, G>(g, st, out, qg * J, (z1 - z0) * (p1 - p0), cols_in, y, idx,
+                           include_pad);
+  }
+}
+
+// ---- strip forward ----
+
+// A shape the strip kernel is compiled for: window kW and stride kStride along W, and kLive =
+// ceil(window / stride) along H, the most output rows whose windows share one input row. Only
+// the 3x3/2 family for now (2x2/2 measured slower than window_fwd: see the top of the file).
+template <int KW, int SW, int L>
+struct StripShape {
+  static constexpr int kW = KW, kStride = SW, kLive = L;
+};
+using StripShapes = std::tuple<StripShape<3, 2, 2>>;
+
+// 16-bit max with index: the states (value and index of 2 live rows x 2 columns x 8 channels)
+// and two rows of 5 loads would not fit 128 registers, so one output column per thread. In
+// bfloat16 that fits 80 registers: 3 blocks per SM (measured 68.7 us against 73 with 2, 3x3/2);
+// float16's conversions need more.
+template <typename T, Reduce R>
+constexpr bool kStripNarrow = R == Reduce::kMaxIndex && sizeof(T) == 2;
+template <typename T, Reduce R>
+constexpr int kStripCols = kStripNarrow<T, R> ? 1 : 2;  // J: output columns per thread
+template <typename T, Reduce R>  // up to 128 (80) registers: two rows of loads, L*J states
+constexpr int kStripMinBlocks = kStripNarrow<T, R> && std::is_same_v<T, __nv_bfloat16> ? 3 : 2;
+constexpr int kStripAhead = 1;  // input rows loaded ahead of the one being reduced
+
+template <typename T, typename Shape, Reduce R, typename Idx>
+__global__ void __launch_bounds__(kThreads, kStripMinBlocks<T, R>)
+strip_fwd_kernel(Geom g, FastDiv q_groups, FastDiv strips, int32_t strip_rows,
+                 const T* __restrict__ x, T* __restrict__ y, Idx* __restrict__ idx,
+                 bool include_pad) {
+  using A = dev_acc_t<T>;
+  constexpr int V = cuda::Vec<T>::kN, J = kStripCols<T, R>, KW = Shape::kW, SW = Shape::kStride;
+  constexpr int L = Shape::kLive, kCols = (J - 1) * SW + KW, kRing = kStripAhead + 1;
+  using State = WindowState<A, V, R>;
+  // A vector of channels held as raw words until it is used: a Vec of 16-bit elements is split
+  // into one register per element as it arrives, which waits for the load where it is issued.
+  using Words = cuda::Words<T>;
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= g.N * g.in[0] * int32_t(strips.d) * int32_t(q_groups.d) * g.lanes) return;
+  const int32_t e = int32_t(i);
+  int32_t lane, qg, strip;  // n: the plane (image, depth) of this thread
+  const int32_t n = strips.divmod(q_groups.divmod(g.lanes_div.divmod(e, &lane), &qg), &strip);
+  const int32_t H = g.in[1], W = g.in[2], C = g.C, KH = g.window[1], SH = g.stride[1];
+
+  // Output rows [p_begin, p_end) of the strip read input rows [h_begin, h_end).
+  const int32_t p_begin = strip * strip_rows, p_end = min(p_begin + strip_rows, g.out[1]);
+  int32_t start, h_begin, h_end, unused;
+  g.window_span(1, p_end - 1, &start, &unused, &h_end);
+  g.window_span(1, p_begin, &start, &h_begin, &unused);
+  // Output columns q0 + j read input columns w0 + j*SW + [0, KW): column c = w0 + c, loaded
+  // when it lies on the input (ok[c]). The others stay at the reduction's identity (-inf;
+  // -0.0 for avg, which leaves every sum unchanged), so the taps need no per-column test.
+  const int32_t q0 = qg * J, w0 = q0 * SW - g.pad_lo[2];
+  bool ok[kCols];
 #pragma unroll
-      for (int k = 0; k < G; ++k) {
-        const int32_t o = out + k * g.lanes * V;
-        st[j].template store<T, V, Idx>(k * V, y + o, R == Reduce::kMaxIndex ? idx + o : nullptr,
-                                        inv);
+  for (int c = 0; c < kCols; ++c) ok[c] = uint32_t(w0 + c) < uint32_t(W);
+  int32_t cols_in[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    cols_in[j] = 0;
+#pragma unroll
+    for (int s = 0; s < KW; ++s) cols_in[j] += ok[j * SW + s];
+  }
+  const int32_t x0 = (n * H * W + w0) * C + lane * V;  // column w0 of row 0 (maybe < 0)
+
+  A id[V];  // the reduction's identity in every channel
+#pragma unroll
+  for (int c = 0; c < V; ++c)
+    id[c] = R == Reduce::kAvg ? A(-0.0) : -std::numeric_limits<A>::infinity();
+  const Words identity = Words::pack(id);
+  Words ring[kRing][kCols];  // kStripAhead rows in flight beyond the one being reduced
+#pragma unroll
+  for (int b = 0; b < kRing; ++b)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) ring[b][c] = identity;
+  auto load_row = [&](Words (&row)[kCols], int32_t h) {
+    const int32_t at = x0 + h * W * C;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+      if (ok[c]) row[c] = Words::load(x + (at + c * C));
+  };
+
+  // Slot i holds the state of output row p + i; input row h is tap row r0 - i*SH of it.
+  State st[L][J];
+#pragma unroll
+  for (int i = 0; i < L; ++i)
+#pragma unroll
+    for (int j = 0; j < J; ++j) st[i][j].init();
+  int32_t p = p_begin, r0 = h_begin - start;
+  int32_t out = ((n * g.out[1] + p) * g.out[2] + q0) * C + lane * V;
+  // Stores output row p (slot 0), moves the slots up and starts output p + L in the last.
+  auto finish = [&]() {
+    int32_t s, lo, hi;
+    g.window_span(1, p, &s, &lo, &hi);
+    store_columns<T, V, 1>(g, st[0], out, q0, hi - lo, cols_in, y, idx, include_pad);
+#pragma unroll
+    for (int i = 0; i + 1 < L; ++i)
+#pragma unroll
+      for (int j = 0; j < J; ++j) st[i][j] = st[i + 1][j];
+#pragma unroll
+    for (int j = 0; j < J; ++j) st[L - 1][j].init();
+    ++p;
+    r0 -= SH;
+    out += g.out[2] * C;
+  };
+  // Input row h: first the outputs whose windows ended above it, then its taps into each
+  // output row whose window holds it (slot i when h is its tap row r0 - i*SH), in column order:
+  // every window takes its taps in row-major order. max reduces the row's taps of each window
+  // first (the selection rule is associative: the same value and index), 4 + 3 merges per row
+  // of a 3x3/2 pool instead of 9; avg adds tap by tap, in the order of window_fwd (the same
+  // sums, bit for bit).
+  auto reduce_row = [&](const Words (&row)[kCols]) {
+    while (p < p_end && r0 >= KH) finish();
+    [[maybe_unused]] State part[J];
+    if constexpr (R != Reduce::kAvg) {
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int s = 0; s < KW; ++s) {
+          A v[V];
+          row[j * SW + s].unpack(v);
+          if (s == 0) part[j].first_tap(v, 0);
+          else part[j].add_tap(v, s);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < L; ++i) {
+      const int32_t r = r0 - i * SH;
+      if (p + i < p_end && uint32_t(r) < uint32_t(KH)) {
+        if constexpr (R == Reduce::kAvg) {
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) {
+            A v[V];
+            row[c].unpack(v);
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+              if (c >= j * SW && c < j * SW + KW) st[i][j].add_tap(v, 0);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < J; ++j) st[i][j].merge(part[j], r * KW);
+        }
       }
     }
+    ++r0;
+  };
+
+#pragma unroll
+  for (int a = 0; a < kStripAhead; ++a)
+    if (h_begin + a < h_end) load_row(ring[a], h_begin + a);
+  // The ring unrolled by its length: every buffer is named at compile time (a run-time index
+  // would put it in local memory, and copying a buffer would wait for its loads).
+  for (int32_t h = h_begin; h < h_end; h += kRing) {
+#pragma unroll
+    for (int b = 0; b < kRing; ++b) {
+      if (h + b >= h_end) break;
+      if (h + b + kStripAhead < h_end)
+        load_row(ring[(b + kStripAhead) % kRing], h + b + kStripAhead);
+      reduce_row(ring[b]);
+    }
   }
+  while (p < p_end) finish();
 }
 
 template <typename T, int V, int G, bool kMax, typename Idx>
@@ -226,6 +435,77 @@ void with_layout(Layout l, Fn&& fn) {
   }
 }
 
+// JAXDNN_POOL_NO_STRIP=1 sends every forward to window_fwd_kernel (for A/B runs).
+bool strip_enabled() {
+  static const bool off = env_switch("JAXDNN_POOL_NO_STRIP") == '1';
+  return !off;
+}
+
+// One strip_fwd_kernel launch over the planes of g. Strip length: as many strips per plane as
+// one wave of resident blocks holds (at least one strip, at most one output row each), so
+// that the grid fills the GPU while the rows shared by two strips (one per strip boundary
+// for 3x3/2) stay few.
+template <typename T, typename S, Reduce R, typename I>
+Status launch_strip(const Problem& p, const Geom& g, const T* x, T* y, I* idx, bool inc,
+                    cudaStream_t stream) {
+  constexpr int J = kStripCols<T, R>;
+  const int64_t groups = (p.out[2] + J - 1) / J;
+  const int64_t per_strip = int64_t(g.N) * p.in[0] * groups * g.lanes;  // threads
+  if (per_strip == 0) return Status::Ok();
+  const int64_t wave =  // blocks of one full wave (resident_grid caps its answer at `work`)
+      cuda::resident_grid<strip_fwd_kernel<T, S, R, I>, kThreads>(
+          std::numeric_limits<int64_t>::max());
+  const int64_t want = std::clamp<int64_t>(wave * kThreads / per_strip, 1, p.out[1]);
+  const int64_t rows = (p.out[1] + want - 1) / want, strips = (p.out[1] + rows - 1) / rows;
+  strip_fwd_kernel<T, S, R, I>
+      <<<cuda::grid_for(per_strip * strips, kThreads), kThreads, 0, stream>>>(
+          g, FastDiv(uint32_t(groups)), FastDiv(uint32_t(strips)), int32_t(rows), x, y, idx, inc);
+  return cuda::check_launch("pool strip_fwd_kernel");
+}
+
+// The forward ops on strip_fwd_kernel when it covers the problem (2-D windows on the vector
+// path, stride <= window along H, a StripShapes entry along W): sets *status and returns true,
+// else launches nothing and returns false.
+template <typename T, typename Idx>
+bool strip_forward(const Args& a, const Buffers& b, const Layout& layout, cudaStream_t stream,
+                   Status* status) {
+  const Problem& p = a.p;
+  constexpr int kN = cuda::Vec<T>::kN;
+  if (!strip_enabled() || layout.vec != kN || p.window[0] != 1 || p.stride[0] != 1 ||
+      p.pad_lo[0] != 0 || p.pad_hi[0] != 0 || p.stride[1] > p.window[1])
+    return false;
+  const int64_t live = (p.window[1] + p.stride[1] - 1) / p.stride[1];
+  const int64_t xi = p.in_spatial() * p.C, yi = p.out_spatial() * p.C;  // per image
+  const T* in = static_cast<const T*>(b.a);
+  T* out = static_cast<T*>(b.result);
+  Idx* idx_out = static_cast<Idx*>(b.index_out);
+  const bool inc = a.count_include_pad;
+  bool launched = false;
+  auto try_shape = [&](auto shape) {
+    using S = decltype(shape);
+    if (launched || p.window[2] != S::kW || p.stride[2] != S::kStride || live != S::kLive)
+      return;
+    launched = true;
+    *status = over_batch_slices(p, int32_t(p.C / kN), [&](const Geom& g, int64_t n0) {
+      const T* x = in + n0 * xi;
+      T* y = out + n0 * yi;
+      switch (a.op) {
+        case Op::kMaxFwd:
+          return launch_strip<T, S, Reduce::kMax, uint8_t>(p, g, x, y, nullptr, inc, stream);
+        case Op::kMaxFwdIndex:
+          return launch_strip<T, S, Reduce::kMaxIndex, Idx>(p, g, x, y, idx_out + n0 * yi, inc,
+                                                            stream);
+        case Op::kAvgFwd:
+          return launch_strip<T, S, Reduce::kAvg, uint8_t>(p, g, x, y, nullptr, inc, stream);
+        default:
+          return Status::Error("pool: unexpected op");
+      }
+    });
+  };
+  std::apply([&](auto... shapes) { (try_shape(shapes), ...); }, StripShapes{});
+  return launched;
+}
+
 template <typename T, typename Idx>
 Status run_typed(const Args& a, const Buffers& b, cudaStream_t stream) {
   const Problem& p = a.p;
@@ -248,6 +528,7 @@ Status run_typed(const Args& a, const Buffers& b, cudaStream_t stream) {
   }
   const bool bwd = a.op == Op::kMaxScatter || a.op == Op::kAvgBwd;
   const Layout layout = choose_layout<T, Idx>(p, b, !bwd);
+  if (!bwd && strip_forward<T, Idx>(a, b, layout, stream, &status)) return status;
   with_layout<kN, sizeof(Idx) == 1>(layout, [&](auto v_c, auto g_c) {
     constexpr int V = decltype(v_c)::value, G = decltype(g_c)::value;
     const int32_t lanes = int32_t(p.C / (V * G));
