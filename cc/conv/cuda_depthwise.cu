@@ -533,7 +533,6 @@ void set_tile(Axis* a, int64_t tile, bool transposed) {
 }
 
 int64_t acc_bytes(DType in) { return in == DType::kF64 ? 8 : 4; }
-int64_t in_bytes(DType in) { return in == DType::kF32 ? 4 : in == DType::kF64 ? 8 : 2; }
 int lanes_for(DType in) { return kSlice / int(16 / acc_bytes(in)); }
 
 // A kernel variant: the fast path's filter width and W stride (0, 0: generic) and the
@@ -623,14 +622,14 @@ ConvPlan plan_conv(const Args& a) {
   // 16-bit tiles take half the shared memory, so four blocks fit an SM; the kernel's ~125
   // registers fit four only of 128 threads (16 warps), where the cost model alone would take
   // 224-thread tiles at two blocks (14 warps).
-  const int64_t max_threads = in_bytes(a.in) == 2 ? kHalfTileThreads : kMaxThreads;
+  const int64_t max_threads = dtype_bytes(a.in) == 2 ? kHalfTileThreads : kMaxThreads;
   const int64_t lanes = lanes_for(a.in), spatial = max_threads / lanes;
   const int64_t row_sets = ceil_div(t.h.dst, kHt);
   auto smem_for = [&](int64_t WT, int64_t WG, int64_t TR) {
     set_tile(&t.h, TR * kHt, pl.transposed);
     set_tile(&t.w, WG * WT, pl.transposed);
     t.pitch = t.w.span | 1;
-    return (int64_t(t.h.span) * t.pitch * in_bytes(a.in) + R * S * acc_bytes(a.in)) * kSlice;
+    return (int64_t(t.h.span) * t.pitch * dtype_bytes(a.in) + R * S * acc_bytes(a.in)) * kSlice;
   };
   // Kg > 1 bwd_data and the gather form take the generic kernel: only it loops over passes.
   const std::vector<Variant> vars = variants(t.w, g.passes == 1 && !pl.transposed);
@@ -704,7 +703,7 @@ FilterPlan plan_filter(const Args& a) {
     g.pitch_dy = t.w.tile | 1;
     g.groups = int(balance(TH * WG, group_cap));
     const int64_t tiles = int64_t(t.h.span) * t.pitch + TH * g.pitch_dy;
-    return std::max(tile_buffers(in_bytes(a.in)) * tiles * in_bytes(a.in),
+    return std::max(tile_buffers(dtype_bytes(a.in)) * tiles * dtype_bytes(a.in),
                     g.groups * taps * acc_bytes(a.in)) * kSlice;
   };
   int64_t WG = 1, TH = 1;  // (and vars[0]) when no tile fits the budget
