@@ -1,0 +1,161 @@
+"""Where a memory-bound op's time goes: the GPU kernels that back-to-back jitted calls launch,
+ours against the jax.lax/jax.nn path, from a jax.profiler trace (CUPTI timestamps, the GPU at
+its own pace, no serialisation). For each side: the wall time per op (as benchmarks/common.py's
+time_op measures it), the kernels per op with their mean durations, and the GPU's busy time
+per op. Wall minus busy is time the GPU sat idle between kernels.
+
+    PYTHONPATH=. python3 dev/kernel_trace.py maxpool3x3s2:float32 batch_norm:float32 ...
+
+Cases: the pooling ops of benchmarks/bench_pool.py (forward), the normalization cases of
+benchmarks/bench_norm.py (forward; NCHW ones as group_norm_nchw / batch_norm_nchw), and the
+7x7 depthwise layer of the conv table (N=64, 56x56, C=96) as dw7_fwd / dw7_bwd_data /
+dw7_bwd_filter.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import bench_norm  # noqa: E402
+import bench_pool  # noqa: E402
+import jaxdnn  # noqa: E402
+
+COPIES = 4  # distinct inputs per jitted call, as the benchmarks rotate them
+CALLS = 10  # jitted calls traced per side
+
+
+def pool_case(name, dtype):
+    window, strides, padding, kind = bench_pool.OPS[name]
+    x = np.random.default_rng(0).standard_normal((64, 112, 112, 64), np.float32)
+    args = [(jnp.asarray(x + i, dtype),) for i in range(COPIES)]
+    return (bench_pool.jaxdnn_fn(window, strides, padding, kind),
+            bench_pool.xla_fn(window, strides, padding, kind), args)
+
+
+def norm_case(name, dtype):
+    op, layout = (name[:-5], "NCHW") if name.endswith("_nchw") else (name, None)
+    for case in bench_norm.cases("gpu"):
+        if case[0] == op and (layout is None or case[1] == layout):
+            _, layout, shape, ours, ref, n_stats = case
+            break
+    else:
+        raise SystemExit(f"no normalization case {name}")
+    rng = np.random.default_rng(0)
+    pshape = bench_norm._param_shape(op, layout, shape)
+    args = []
+    for _ in range(COPIES):
+        x = jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+        params = [jnp.asarray(rng.standard_normal(pshape, np.float32)) for _ in range(2)]
+        params += [jnp.asarray(rng.random(pshape, np.float32) + 0.5) for _ in range(n_stats)]
+        args.append((x, *params))
+    return ours, ref, args
+
+
+def depthwise_case(name, dtype):
+    direction = name[len("dw7_"):]
+    rng = np.random.default_rng(0)
+    c = 96
+    x, w, dy = ((rng.standard_normal(s, np.float32) for s in
+                 ((64, 56, 56, c), (7, 7, 1, c), (64, 56, 56, c))))
+    dn = ("NHWC", "HWIO", "NHWC")
+    ours = lambda x, w: jaxdnn.conv(x, w, padding="SAME", groups=c)
+    ref = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn,
+                                                feature_group_count=c)
+
+    def direction_of(f):
+        if direction == "fwd":
+            return lambda x, w, dy: f(x, w)
+        if direction == "bwd_data":
+            return lambda x, w, dy: jax.vjp(lambda x: f(x, w), x)[1](dy)[0]
+        return lambda x, w, dy: jax.vjp(lambda w: f(x, w), w)[1](dy)[0]
+
+    args = [tuple(jnp.asarray(a + i, dtype) for a in (x, w, dy)) for i in range(COPIES)]
+    return direction_of(ours), direction_of(ref), args
+
+
+def many_fn(fn):
+    return jax.jit(lambda all_args: [fn(*a) for a in all_args])
+
+
+def wall_per_op(f, args):
+    jax.block_until_ready(f(args))
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(CALLS):
+            out = f(args)
+        jax.block_until_ready(out)
+        best = min(best, (time.perf_counter() - t0) / CALLS / len(args))
+    return best
+
+
+def gpu_events(trace_dir):
+    """(name, ts_us, dur_us) of every event on a GPU stream in the trace."""
+    path = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)[0]
+    with gzip.open(path) as fh:
+        trace = json.load(fh)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") ==
+                "process_name" and "GPU" in str(e.get("args", {}).get("name", ""))}
+    return [(e["name"], float(e["ts"]), float(e["dur"])) for e in events
+            if e.get("ph") == "X" and e.get("pid") in gpu_pids]
+
+
+def traced(f, args):
+    jax.block_until_ready(f(args))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(CALLS):
+                out = f(args)
+            jax.block_until_ready(out)
+        return gpu_events(d)
+
+
+def report(label, f, args):
+    wall = wall_per_op(f, args)
+    events = traced(f, args)
+    ops = CALLS * len(args)
+    by_name = collections.defaultdict(list)
+    for name, _, dur in events:
+        by_name[name].append(dur)
+    busy = sum(d for _, _, d in events) / ops
+    span = (max(t + d for _, t, d in events) - min(t for _, t, _ in events)) / ops if events else 0
+    print(f"  {label}: wall {wall * 1e6:7.1f} us/op   GPU busy {busy:7.1f} us/op   "
+          f"first-to-last kernel {span:7.1f} us/op")
+    for name, durs in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        print(f"      {len(durs) / ops:5.2f}/op  {np.mean(durs):8.1f} us  {name[:100]}")
+    return wall, busy
+
+
+def main():
+    rows = []
+    for spec in sys.argv[1:]:
+        name, dtype = spec.split(":")
+        make = (pool_case if name in bench_pool.OPS else
+                depthwise_case if name.startswith("dw7_") else norm_case)
+        ours, ref, args = make(name, dtype)
+        print(f"=== {name} {dtype}", flush=True)
+        w_o, b_o = report("jaxdnn", many_fn(ours), args)
+        w_x, b_x = report("XLA   ", many_fn(ref), args)
+        rows.append((spec, w_o, b_o, w_x, b_x))
+    print(f"\n{'case':28} {'ours wall':>9} {'busy':>7} {'XLA wall':>9} {'busy':>7} {'ratio':>6}")
+    for spec, w_o, b_o, w_x, b_x in rows:
+        print(f"{spec:28} {w_o * 1e6:9.1f} {b_o:7.1f} {w_x * 1e6:9.1f} {b_x:7.1f} "
+              f"{w_x / w_o:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
