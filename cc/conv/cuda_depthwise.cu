@@ -80,6 +80,7 @@
 #include "cc/common/cuda_util.h"
 #include "cc/common/cuda_vec.h"
 #include "cc/conv/cuda_algorithms.h"
+#include "cc/conv/cuda_partial_sum.cuh"
 
 namespace jaxdnn::conv {
 namespace {
@@ -460,20 +461,14 @@ depthwise_filter_kernel(FilterGeom g, const In* __restrict__ x, const In* __rest
   }
 }
 
-// dw(tap, k) = the sum of the chunks' partials, in chunk order.
-template <typename Acc, typename Out>
-__global__ void depthwise_filter_sum_kernel(int chunks, int slices, int taps, int K,
-                                            const Acc* __restrict__ partial, Out* __restrict__ dw) {
-  const int64_t total = int64_t(taps) * K, chunk_stride = int64_t(slices) * taps * kSlice;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int tap = int(e / K), k = int(e % K);
-    const Acc* p = partial + (int64_t(k / kSlice) * taps + tap) * kSlice + k % kSlice;
-    Acc sum = 0;
-    for (int c = 0; c < chunks; ++c) sum += p[c * chunk_stride];
-    dw[e] = from_acc<Out>(sum);
+// Where output o = (slice, tap, channel of the slice) of a chunk's partials goes in dw (tap, K).
+struct SliceIndex {
+  int taps, K;
+  __device__ int64_t operator()(int o) const {
+    const int st = o / kSlice, k = st / taps * kSlice + o % kSlice;
+    return k < K ? int64_t(st % taps) * K + k : -1;
   }
-}
+};
 
 // ---- host side: problem view, tile plans, launches --------------------------------------------
 
@@ -798,11 +793,10 @@ Status run_filter(const Args& a, const Buffers& b, void* workspace, cudaStream_t
     });
     if (!s.ok()) return s;
   }
-  constexpr int kThreads = 256;
-  return launch(depthwise_filter_sum_kernel<Acc, Out>, "conv depthwise_filter_sum_kernel",
-                cuda::grid_for(int64_t(taps) * g.K, kThreads), kThreads, 0, stream, g.chunks,
-                g.t.slices, taps, g.K, static_cast<const Acc*>(partial),
-                static_cast<Out*>(b.result));
+  // The chunks' partials in chunk order; each is (slices, taps, kSlice).
+  return sum_partials(static_cast<const Acc*>(partial), static_cast<Out*>(b.result), g.chunks,
+                      g.t.slices * taps * kSlice, stream, "conv depthwise partial_sum_kernel",
+                      SliceIndex{taps, g.K});
 }
 
 Support supports(const Args& a) {

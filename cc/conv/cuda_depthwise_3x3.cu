@@ -65,6 +65,7 @@
 
 #include "cc/common/cuda_util.h"
 #include "cc/conv/cuda_algorithms.h"
+#include "cc/conv/cuda_partial_sum.cuh"
 
 namespace jaxdnn::conv {
 namespace {
@@ -82,7 +83,6 @@ constexpr int kWaveSms = 132;        // the H100/H200 SM count that sizes the bw
 // float32, whose wider loads need 80.
 template <typename In>
 constexpr int kFilterPerSm = sizeof(In) == 2 ? 4 : 3;
-constexpr int kSumPhases = 128;      // pass 2: partial phases per output (block = phases x 8)
 
 // kCh channels of T as raw bits: one 4-byte load in the 16-bit types, 8 bytes in float32.
 template <typename T>
@@ -316,26 +316,6 @@ depthwise3_filter_kernel(const In* __restrict__ x, const In* __restrict__ dy,
   }
 }
 
-// Pass 2: dw[o] = the sum over blocks b of partial[b][o] (o = tap * C + c). Block = kSumPhases
-// phases x 8 outputs; phase i adds the blocks i, i + kSumPhases, ... in order (a warp reads 4
-// phases x 32 contiguous bytes), then a fixed tree adds the phases.
-template <typename Out>
-__global__ void __launch_bounds__(kSumPhases * 8)
-depthwise3_filter_sum_kernel(const float* __restrict__ partial, Out* __restrict__ dw, int blocks,
-                             int outputs) {
-  __shared__ float sums[kSumPhases][8];
-  const int oi = threadIdx.x % 8, phase = threadIdx.x / 8, o = blockIdx.x * 8 + oi;
-  float v = 0.f;
-  if (o < outputs)
-    for (int b = phase; b < blocks; b += kSumPhases) v += partial[int64_t(b) * outputs + o];
-  sums[phase][oi] = v;
-  for (int half = kSumPhases / 2; half > 0; half /= 2) {
-    __syncthreads();
-    if (phase < half) sums[phase][oi] += sums[phase + half][oi];
-  }
-  if (phase == 0 && o < outputs) dw[o] = cuda::from_acc<Out>(sums[0][oi]);
-}
-
 Support supports(const Args& a) {
   const Problem& p = a.p;
   if (a.in != DType::kBF16 && a.in != DType::kF16 && a.in != DType::kF32)
@@ -429,10 +409,8 @@ Status run_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t stream)
             static_cast<const In*>(b.x), static_cast<const In*>(b.y), partial, f);
     if (Status st = cuda::check_launch("conv depthwise3_filter_kernel"); !st.ok()) return st;
   }
-  const int outputs = 9 * int(p.C);
-  depthwise3_filter_sum_kernel<Out><<<unsigned((outputs + 7) / 8), kSumPhases * 8, 0, stream>>>(
-      partial, static_cast<Out*>(b.result), f.grid, outputs);
-  return cuda::check_launch("conv depthwise3_filter_sum_kernel");
+  return sum_partials(partial, static_cast<Out*>(b.result), f.grid, 9 * int(p.C), stream,
+                      "conv depthwise3 partial_sum_kernel");
 }
 
 Status run(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
