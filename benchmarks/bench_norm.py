@@ -135,21 +135,24 @@ def _rel_l2(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def make_inputs(shape, pshape, n_stats, dtype, rng):
+    """(x, scale, bias[, mean, var]) of one case, random."""
+    x = jnp.asarray(rng.standard_normal(shape, np.float32) * 2 + 0.5, dtype)
+    params = [jnp.asarray(rng.standard_normal(pshape, np.float32)) for _ in range(2)]
+    if n_stats:
+        params += [jnp.asarray(rng.standard_normal(pshape, np.float32)),
+                   jnp.asarray(rng.random(pshape, np.float32) + 0.5)]
+    return (x, *params)
+
+
 def bench_case(case, dtype, directions, device, trials):
     name, layout, shape, ours, ref, n_stats = case
     pshape = _param_shape(name, layout, shape)
     nbytes = math.prod(shape) * jnp.dtype(dtype).itemsize
 
-    def make(rng):
-        x = jnp.asarray(rng.standard_normal(shape, np.float32) * 2 + 0.5, dtype)
-        params = [jnp.asarray(rng.standard_normal(pshape, np.float32)) for _ in range(2)]
-        if n_stats:
-            params += [jnp.asarray(rng.standard_normal(pshape, np.float32)),
-                       jnp.asarray(rng.random(pshape, np.float32) + 0.5)]
-        return (x, *params)
-
     rot = rotation_for(3 * nbytes)
-    inputs = rotating_inputs(make, rot, device=device)
+    inputs = rotating_inputs(lambda rng: make_inputs(shape, pshape, n_stats, dtype, rng), rot,
+                             device=device)
     first = lambda out: out[0] if isinstance(out, tuple) else out
     rows = []
     if "fwd" in directions:

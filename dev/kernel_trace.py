@@ -55,12 +55,7 @@ def norm_case(name, dtype):
         raise SystemExit(f"no normalization case {name}")
     rng = np.random.default_rng(0)
     pshape = bench_norm._param_shape(op, layout, shape)
-    args = []
-    for _ in range(COPIES):
-        x = jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
-        params = [jnp.asarray(rng.standard_normal(pshape, np.float32)) for _ in range(2)]
-        params += [jnp.asarray(rng.random(pshape, np.float32) + 0.5) for _ in range(n_stats)]
-        args.append((x, *params))
+    args = [bench_norm.make_inputs(shape, pshape, n_stats, dtype, rng) for _ in range(COPIES)]
     return ours, ref, args
 
 
