@@ -6,7 +6,7 @@
 // whole contiguous row segments. Block b covers one row slice (rps rows) of one column tile
 // (TX*VEC columns) of one p; thread (tx, ty) walks rows a0+ty, a0+ty+TY, ... with several rows
 // of loads in flight (pipelined, cuda_kernels.cuh).
-//   stats  Welford's update per column on x - shift (shift = the slice's first row), row groups
+//   stats  batched Welford per column on x - shift (shift = the slice's first row), row groups
 //          tree-merged with Chan's update; the slice's (mean, M2) go to the double workspace
 //          (rows_per_slice(s) rows per slice, norm.h). Traffic: read x.
 //   apply  y = (x - mean)*(rstd*scale) + bias with per-column coefficients in registers. A
@@ -89,20 +89,31 @@ __device__ __forceinline__ void for_rows(const ColumnThread& t, const D* x, cons
       [&](int64_t i, const Rows& r) { f(t.row(i) * ld, r.x, r.dy); });
 }
 
-// Welford's update of per-column moments (relative to shift) with one row of VEC values.
-template <typename D, int VEC>
-__device__ __forceinline__ void welford_row(const PackOf<D, VEC>& v, const A<D> (&shift)[VEC],
-                                            A<D>& n, A<D> (&mean)[VEC], A<D> (&m2)[VEC]) {
-  A<D> xv[VEC];
-  v.unpack(xv);
-  n += 1;
-  const A<D> inv = A<D>(1) / n;
+// Adds `count` rows of VEC columns (rows v[0..count)) to the per-column moments of x - shift,
+// n values each: a batched Welford update (fold_deviations), one reciprocal per batch.
+template <typename D, int VEC, int U>
+__device__ __forceinline__ void add_rows(const PackOf<D, VEC> (&v)[U], int count,
+                                         const A<D> (&shift)[VEC], A<D>& n, A<D> (&mean)[VEC],
+                                         A<D> (&m2)[VEC]) {
+  using Acc = A<D>;
+  Acc s1[VEC] = {}, s2[VEC] = {};
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    const A<D> xs = xv[e] - shift[e], d = xs - mean[e];
-    mean[e] += d * inv;
-    m2[e] += d * (xs - mean[e]);
+  for (int u = 0; u < U; ++u) {
+    if (u < count) {
+      Acc x[VEC];
+      v[u].unpack(x);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const Acc z = (x[e] - shift[e]) - mean[e];
+        s1[e] += z;
+        s2[e] += z * z;
+      }
+    }
   }
+  n += Acc(count);
+  const Acc r = Acc(1) / n;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) fold_deviations(mean[e], m2[e], s1[e], s2[e], r);
 }
 
 // Tree-merges the per-column moments of the TY row groups of a block (thread = ty*TX + tx, TY
@@ -181,8 +192,16 @@ __device__ __forceinline__ void store_block_moments(const Fwd<D>& f, const Colum
   }
 }
 
+// Blocks of the stats kernel that fit an SM by registers: 4 (64 registers) for 32- and 64-bit
+// types, 3 (85) for 16-bit ones, whose threads hold twice the columns.
+template <typename D>
+constexpr int stats_blocks_per_sm() {
+  return sizeof(D) == 2 ? 3 : 4;
+}
+
 template <typename D, int VEC>
-__global__ void __launch_bounds__(kThreads) column_stats_kernel(Fwd<D> f, ColumnGrid g) {
+__global__ void __launch_bounds__(kThreads, stats_blocks_per_sm<D>())
+    column_stats_kernel(Fwd<D> f, ColumnGrid g) {
   using Acc = A<D>;
   __shared__ Acc scratch[(1 + 2 * VEC) * kThreads];
   const Shape& s = f.s;
@@ -192,9 +211,11 @@ __global__ void __launch_bounds__(kThreads) column_stats_kernel(Fwd<D> f, Column
   Acc shift[VEC] = {}, mean[VEC] = {}, m2[VEC] = {}, n = 0;
   if (t.active) {
     if (f.centered) load_vals<D, VEC>(col + t.a0 * CK, shift);
-    pipelined<kLoadsInFlight, false>(
+    batched<kLoadsInFlight, false>(
         0, t.rows, [&](int64_t i) { return PackOf<D, VEC>::load(col + t.row(i) * CK); },
-        [&](int64_t, const PackOf<D, VEC>& v) { welford_row<D, VEC>(v, shift, n, mean, m2); });
+        [&](int64_t, const auto& v, int count) {
+          add_rows<D, VEC, kLoadsInFlight>(v, count, shift, n, mean, m2);
+        });
   }
   store_block_moments<D, VEC>(f, g, t, CK, n, mean, m2, shift, scratch);
 }
@@ -313,6 +334,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   const Shape& s = f.s;
   const int64_t CK = s.CK();
   const ColumnThread t(s, g, VEC, false);
+  JAXDNN_NORM_PHASE(0);
   // Rows [kept, a1) of the slice stay in shared memory, row-major over the tile's w columns:
   // this thread's rows from index `split` on.
   const int64_t kept = t.a1 - min(t.a1 - t.a0, keep / t.w);
@@ -323,18 +345,21 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   auto local = [&](int64_t i) { return stash + (t.row(i) - kept) * t.w + (t.j - t.j0); };
   for (int64_t i = split; i < t.rows; ++i) cuda::cp_async16(local(i), global(i));
 
-  // Phase 1: Welford per column over the streamed rows, then (copies landed) the stashed ones.
+  // Phase 1: batched Welford per column over the streamed rows, then (copies landed) the
+  // stashed ones.
   Acc shift[VEC] = {}, mean[VEC] = {}, m2[VEC] = {}, n = 0;
   if (t.active) {
     if (f.centered) load_vals<D, VEC>(x + t.a0 * CK, shift);
-    auto welford = [&](int64_t, const Pk& v) { welford_row<D, VEC>(v, shift, n, mean, m2); };
-    pipelined<kFusedInFlight, false>(0, split, [&](int64_t i) { return Pk::load(global(i)); },
-                                     welford);
+    auto add = [&](int64_t, const auto& v, int count) {
+      add_rows<D, VEC, kFusedInFlight>(v, count, shift, n, mean, m2);
+    };
+    batched<kFusedInFlight, false>(0, split, [&](int64_t i) { return Pk::load(global(i)); }, add);
     cuda::cp_async_wait_all();
-    pipelined<kFusedInFlight, false>(split, t.rows,
-                                     [&](int64_t i) { return Pk::load(local(i)); }, welford);
+    batched<kFusedInFlight, false>(split, t.rows, [&](int64_t i) { return Pk::load(local(i)); },
+                                   add);
   }
   store_block_moments<D, VEC>(f, g, t, CK, n, mean, m2, shift, scratch);
+  JAXDNN_NORM_PHASE(1);
   grid_sync();
 
   // Phase 2: group (p, c) merges the (slice, k) partials of its K columns.
@@ -344,6 +369,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     return double(min(g.rps, s.A - sl * g.rps));
   });
   grid_sync();
+  JAXDNN_NORM_PHASE(2);
 
   // Phase 3: y from the stash, then from the streamed rows, latest-read first.
   if (!t.active) return;
@@ -361,6 +387,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
                                   apply);
   pipelined<kFusedInFlight, true>(0, split,
                                   [&](int64_t i) { return Pk::load_stream(global(i)); }, apply);
+  JAXDNN_NORM_PHASE(3);
 }
 
 // The grid of `threads`-thread blocks over slices of `rps` rows.

@@ -155,20 +155,45 @@ __device__ __forceinline__ void store_partial(double* ws0, double* ws1, int64_t 
   ws1[i] = centered ? double(m2) : double(m2) + double(n) * mu * mu;
 }
 
-// Calls f(i, load(i)) for i in [lo, hi), ascending (descending when kReverse), with the loads
-// of U consecutive indices issued before any of them is used: U accesses in flight per thread.
+// Calls f(b, v, count) for each batch of U consecutive indices of [lo, hi) (ascending, or
+// descending when kReverse), b the batch's offset and v[u] = load(its u-th index) for u < count
+// (the rest unset): the loads of a batch are issued before f uses any, U accesses in flight per
+// thread.
 template <int U, bool kReverse, typename Load, typename F>
-__device__ __forceinline__ void pipelined(int64_t lo, int64_t hi, Load load, F f) {
+__device__ __forceinline__ void batched(int64_t lo, int64_t hi, Load load, F f) {
   using V = decltype(load(lo));
   for (int64_t b = 0; b < hi - lo; b += U) {
+    const int count = hi - lo - b < U ? int(hi - lo - b) : U;
     V v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (b + u < hi - lo) v[u] = load(kReverse ? hi - 1 - b - u : lo + b + u);
+      if (u < count) v[u] = load(kReverse ? hi - 1 - b - u : lo + b + u);
+    f(b, v, count);
+  }
+}
+
+// Calls f(i, load(i)) for i in [lo, hi), ascending (descending when kReverse), in batches of U.
+template <int U, bool kReverse, typename Load, typename F>
+__device__ __forceinline__ void pipelined(int64_t lo, int64_t hi, Load load, F f) {
+  batched<U, kReverse>(lo, hi, load, [&](int64_t b, const auto& v, int count) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (b + u < hi - lo) f(kReverse ? hi - 1 - b - u : lo + b + u, v[u]);
-  }
+      if (u < count) f(kReverse ? hi - 1 - b - u : lo + b + u, v[u]);
+  });
+}
+
+// Batched Welford update: adds c samples to moments (n values, mean, m2) given the sums s1, s2
+// of their deviations from the running mean, z = y - mean. With n' = n + c (r = 1/n', one
+// reciprocal per batch, shared by every column of a thread):
+//   mean' = mean + s1/n',  m2' = m2 + s2 - s1^2/n'
+// (exact: the batch's own M2 is s2 - s1^2/c, and Chan's cross term with the batch mean
+// mean + s1/c then gives the rest). The deviations are small wherever the running mean is
+// near the data, so the subtraction loses nothing that Welford's per-row form keeps.
+template <typename Acc>
+__device__ __forceinline__ void fold_deviations(Acc& mean, Acc& m2, Acc s1, Acc s2, Acc r) {
+  const Acc a = s1 * r;
+  mean += a;
+  m2 += s2 - s1 * a;
 }
 
 // Backward per-group coefficients from sg = sum(scale*dy), sgx = sum(scale*dy*xhat) over n
@@ -245,6 +270,12 @@ constexpr int kFusedThreads = 512;
 constexpr int kFusedInFlight = 8;
 
 __device__ __forceinline__ void grid_sync() { cooperative_groups::this_grid().sync(); }
+
+// Phase boundaries of the single-pass kernels (0 start, 1 statistics written, 2 merged, 3 end):
+// empty here; dev/norm_fwd_bench.cu defines it to time the phases.
+#ifndef JAXDNN_NORM_PHASE
+#define JAXDNN_NORM_PHASE(k)
+#endif
 
 // Phase 2: the statistics of every group from its `parts` partials, one warp per group (groups
 // strided over every warp of the grid). part(g, i, &idx) returns the value count of partial i of

@@ -8,8 +8,8 @@
 // chunks (16-byte vectors when T keeps every segment aligned), a warp reading 512 contiguous
 // bytes per step, several steps of loads in flight (pipelined, cuda_kernels.cuh). Blocks loop
 // over segment groups (grid-stride).
-//   stats  exact chunk moments of x - shift (shift = the segment's first value), merged per
-//          thread and then across the RT lanes with Chan's update; (mean, M2) in double.
+//   stats  batched Welford moments of x - shift (shift = the segment's first value) per thread,
+//          merged across the RT lanes with Chan's update; (mean, M2) in double.
 //          Traffic: read x.
 //   apply  y = (x - mean)*(rstd*scale) + bias; segments in reverse order for L2 reuse.
 //          Traffic: read x, write y.
@@ -58,8 +58,21 @@ __device__ __forceinline__ void for_segment_groups(const SegmentGrid& g, bool re
   }
 }
 
-// Calls f(offset, x values, dy values) for the VEC-value chunks lane, lane + rt, ... of the
-// segment at x (and dy), a few chunks of loads in flight; kInputs == 1 reads x alone.
+// This lane's VEC-value chunks of a T-value segment: chunks lane, lane + rt, ...; the m-th of
+// them starts at value at(m).
+template <int VEC>
+struct LaneChunks {
+  int64_t count;
+  int lane, rt;
+  __device__ __forceinline__ LaneChunks(int64_t T, int lane_, int rt_) : lane(lane_), rt(rt_) {
+    const int64_t chunks = T / VEC;
+    count = chunks > lane ? (chunks - lane + rt - 1) / rt : 0;
+  }
+  __device__ __forceinline__ int64_t at(int64_t m) const { return (lane + m * rt) * VEC; }
+};
+
+// Calls f(offset, x values, dy values) for the lane's chunks of the segment at x (and dy), a
+// few chunks of loads in flight; kInputs == 1 reads x alone.
 template <typename D, int VEC, int kInputs, typename F>
 __device__ __forceinline__ void for_chunks(const D* x, const D* dy, int64_t T, int lane, int rt,
                                            F f) {
@@ -67,21 +80,20 @@ __device__ __forceinline__ void for_chunks(const D* x, const D* dy, int64_t T, i
   struct Chunks {
     Pk x, dy;
   };
-  const int64_t chunks = T / VEC, mine = chunks > lane ? (chunks - lane + rt - 1) / rt : 0;
-  auto at = [&](int64_t m) { return (lane + m * rt) * VEC; };
+  const LaneChunks<VEC> lc(T, lane, rt);
   pipelined<kLoadsInFlight / kInputs, false>(
-      0, mine,
+      0, lc.count,
       [&](int64_t m) {
         Chunks c;
-        c.x = Pk::load(x + at(m));
-        if constexpr (kInputs == 2) c.dy = Pk::load(dy + at(m));
+        c.x = Pk::load(x + lc.at(m));
+        if constexpr (kInputs == 2) c.dy = Pk::load(dy + lc.at(m));
         return c;
       },
       [&](int64_t m, const Chunks& c) {
         A<D> xv[VEC], dv[VEC];
         c.x.unpack(xv);
         if constexpr (kInputs == 2) c.dy.unpack(dv);
-        f(at(m), xv, dv);
+        f(lc.at(m), xv, dv);
       });
 }
 
@@ -92,13 +104,33 @@ __device__ __forceinline__ Acc lane_sum(Acc v, Acc* scratch, int rt) {
   return cuda::block_reduce(v, cuda::SumOp{}, Acc(0), scratch);
 }
 
-// Adds VEC values, shifted, to per-thread moments: the chunk's exact moments, one Chan update.
-template <typename Acc, int VEC>
-__device__ __forceinline__ void add_shifted(Moments<Acc>& m, const Acc (&v)[VEC], Acc shift) {
-  Acc c[VEC];
+// Adds `count` packs of one group's values (v[0..count)) to its moments of x - shift: a
+// batched Welford update (fold_deviations), the deviations summed per vector lane e.
+template <typename D, int VEC, int U>
+__device__ __forceinline__ void add_values(Moments<A<D>>& m, const PackOf<D, VEC> (&v)[U],
+                                           int count, A<D> shift) {
+  using Acc = A<D>;
+  Acc s1[VEC] = {}, s2[VEC] = {};
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) c[e] = v[e] - shift;
-  add_chunk<Acc, VEC>(m, c, VEC);
+  for (int u = 0; u < U; ++u) {
+    if (u < count) {
+      Acc x[VEC];
+      v[u].unpack(x);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const Acc z = (x[e] - shift) - m.mean;
+        s1[e] += z;
+        s2[e] += z * z;
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 1; e < VEC; ++e) {
+    s1[0] += s1[e];
+    s2[0] += s2[e];
+  }
+  m.n += Acc(count * VEC);
+  fold_deviations(m.mean, m.m2, s1[0], s2[0], Acc(1) / m.n);
 }
 
 template <typename D, int VEC>
@@ -113,17 +145,12 @@ __global__ void __launch_bounds__(kThreads) segment_stats_kernel(Fwd<D> f, Segme
     if (r < g.segs) {
       const D* x = f.x + r * T;
       if (f.centered) shift = to_acc(x[0]);
-      for_chunks<D, VEC, 1>(x, nullptr, T, lane, g.rt,
-                            [&](int64_t, const Acc(&v)[VEC], const Acc(&)[VEC]) {
-                              if (f.centered) {
-                                add_shifted<Acc, VEC>(m, v, shift);
-                              } else {
-                                Acc q = 0;
-#pragma unroll
-                                for (int e = 0; e < VEC; ++e) q += v[e] * v[e];
-                                m.merge(Acc(VEC), 0, q);
-                              }
-                            });
+      const LaneChunks<VEC> lc(T, lane, g.rt);
+      batched<kLoadsInFlight, false>(
+          0, lc.count, [&](int64_t i) { return PackOf<D, VEC>::load(x + lc.at(i)); },
+          [&](int64_t, const auto& v, int count) {
+            add_values<D, VEC, kLoadsInFlight>(m, v, count, shift);
+          });
     }
     m = merge_group(m, sm, base, lane, g.rt, 1);
     if (r < g.segs && lane == 0)
@@ -234,6 +261,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
                 u1 = su.units * (blockIdx.x + 1) / gridDim.x;
   const int64_t e0 = su.begin(u0), e1 = su.begin(u1 - 1) + su.size(u1 - 1);
   const int64_t kept = e1 - min(e1 - e0, keep);
+  JAXDNN_NORM_PHASE(0);
   // The lane's chunks of unit u: values at(m) = first + 32*m*VEC, m in [0, count); those from
   // split on are stashed (at stash + at(m) - kept).
   struct Chunks {
@@ -259,19 +287,18 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     const Chunks c = chunks_of(u);
     const Acc shift = f.centered ? to_acc(f.x[su.begin(u)]) : Acc(0);
     Moments<Acc> m{0, 0, 0};
-    auto add = [&](int64_t, const Pk& v) {
-      Acc x[VEC];
-      v.unpack(x);
-      add_shifted<Acc, VEC>(m, x, shift);
+    auto add = [&](int64_t, const auto& v, int count) {
+      add_values<D, VEC, kFusedInFlight>(m, v, count, shift);
     };
-    pipelined<kFusedInFlight, false>(0, c.split,
-                                     [&](int64_t i) { return Pk::load(f.x + c.at(i)); }, add);
+    batched<kFusedInFlight, false>(0, c.split, [&](int64_t i) { return Pk::load(f.x + c.at(i)); },
+                                   add);
     if (c.split < c.count) cuda::cp_async_wait_all();
-    pipelined<kFusedInFlight, false>(
+    batched<kFusedInFlight, false>(
         c.split, c.count, [&](int64_t i) { return Pk::load(stash + (c.at(i) - kept)); }, add);
     m = warp_merge(m);
     if (lane == 0) store_partial(f.ws0, f.ws1, u, shift, m.n, m.mean, m.m2, f.centered);
   }
+  JAXDNN_NORM_PHASE(1);
   grid_sync();
 
   // Phase 2: group (p, c) merges the units of its A*K segments.
@@ -282,6 +309,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     return double(su.size(*idx));
   });
   grid_sync();
+  JAXDNN_NORM_PHASE(2);
 
   // Phase 3: units in reverse, each from the stash and then from the streamed chunks.
   const int64_t mine = u1 - u0 > warp ? (u1 - u0 - warp + warps - 1) / warps : 0;
@@ -303,6 +331,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     pipelined<kFusedInFlight, true>(
         0, c.split, [&](int64_t i) { return Pk::load_stream(f.x + c.at(i)); }, apply);
   }
+  JAXDNN_NORM_PHASE(3);
 }
 
 SegmentGrid segment_grid(const Shape& s, int vec) {

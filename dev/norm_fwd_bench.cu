@@ -1,0 +1,256 @@
+// Kernel-level timing of the norm training forward on the benchmark's batch norm (column path,
+// NHWC 64x112x112x64; with -DSEGMENT the segment path, NCHW), CUDA events, median of 20:
+//   the three passes (stats, merge, apply), the single-pass fused kernel with its phase times
+//   (%globaltimer at the phase boundaries of every block), the copy / read rooflines, and
+//   (column build) read-only probes of the stats and fused kernels' access shapes.
+// The kernels are the library's own (this file includes their sources), so two builds of it, one
+// from an older tree, give a same-call A/B.
+//   F="-std=c++17 -O3 --expt-relaxed-constexpr -I. -arch=sm_90"
+//   nvcc $F -o /tmp/nfb dev/norm_fwd_bench.cu cc/norm/cuda_row.cu cc/norm/cuda_segment.cu
+//   nvcc $F -DSEGMENT -o /tmp/nfb_seg dev/norm_fwd_bench.cu cc/norm/cuda_row.cu \
+//     cc/norm/cuda_column.cu
+//   /tmp/nfb [f32|bf16]
+#include <cstdint>
+
+__device__ unsigned long long g_phase[4][4096];  // [boundary][block]
+__device__ __forceinline__ void phase_mark(int k) {
+  if (threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    g_phase[k][blockIdx.x] = t;
+  }
+}
+#define JAXDNN_NORM_PHASE(k) phase_mark(k)
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#ifdef SEGMENT
+#include "cc/norm/cuda_segment.cu"
+#define STATS segment_stats
+#define APPLY segment_apply
+#define FUSED segment_fused
+#else
+#include "cc/norm/cuda_column.cu"
+#define STATS column_stats
+#define APPLY column_apply
+#define FUSED column_fused
+#endif
+#include "cc/norm/cuda_norm.cu"
+
+using namespace jaxdnn::norm;
+using namespace jaxdnn::norm::cuda_impl;
+
+#define CK_(x)                                                              \
+  do {                                                                      \
+    cudaError_t e_ = (x);                                                   \
+    if (e_ != cudaSuccess) {                                                \
+      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                         \
+    }                                                                       \
+  } while (0)
+#define ST_(...)                                                   \
+  do {                                                             \
+    jaxdnn::Status s_ = (__VA_ARGS__);                                       \
+    if (!s_.ok()) {                                                \
+      std::printf("%s:%d %s\n", __FILE__, __LINE__, s_.message.c_str()); \
+      std::exit(1);                                                \
+    }                                                              \
+  } while (0)
+
+template <typename F>
+float median_us(F f) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<float> t;
+  for (int i = 0; i < 20; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    CK_(cudaEventSynchronize(b));
+    float ms;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms * 1e3f);
+  }
+  std::sort(t.begin(), t.end());
+  return t[10];
+}
+
+__global__ void read_kernel(const uint4* x, int64_t n, unsigned* sink) {  // flat, 1 pack/thread
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) {
+    const uint4 v = x[i];
+    if ((v.x ^ v.y ^ v.z ^ v.w) == 0x12345678u) *sink = 1;
+  }
+}
+
+
+
+// Access-pattern probe: blocks read 16-byte vectors of whole rows (row_vecs per row), a step of
+// blockDim/row_vecs rows at a time, U steps of loads in flight per thread, no arithmetic. Block b
+// owns `steps` chunks (one step's rows each) of `chunks`:
+//   mode 0 contiguous  chunks b*steps + k
+//   mode 1 rotated     the same chunks, starting at k = (b*37) % steps and wrapping
+//   mode 2 interleaved chunks b + k*gridDim (the whole grid sweeps x together)
+template <int U>
+__global__ void pattern_kernel(const uint4* x, int64_t row_vecs, int64_t chunks, int steps,
+                               int mode, unsigned* sink) {
+  const int tx = threadIdx.x % row_vecs, ty = threadIdx.x / row_vecs;
+  const int rows_per_step = blockDim.x / row_vecs;
+  const int rot = mode == 1 ? int(blockIdx.x * 37ll % steps) : 0;
+  unsigned acc = 0;
+  for (int k0 = 0; k0 < steps; k0 += U) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int k = k0 + u;
+      if (k >= steps) k = steps;  // past the end: no chunk
+      const int kk = k < steps ? (k + rot) % steps : steps;
+      const int64_t c = mode == 2 ? blockIdx.x + int64_t(kk) * gridDim.x
+                                  : blockIdx.x * int64_t(steps) + kk;
+      v[u] = kk < steps && c < chunks ? x[(c * rows_per_step + ty) * row_vecs + tx]
+                                      : uint4{0, 0, 0, 0};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+
+template <typename D>
+void run(const char* name) {
+  Shape s;
+#ifdef SEGMENT
+  s.P = 1, s.A = 64, s.C = 64, s.K = 1, s.T = 112 * 112;
+#else
+  s.P = 1, s.A = 64 * 112 * 112, s.C = 64, s.K = 1, s.T = 1;
+#endif
+  using Acc = A<D>;
+  const int64_t n = s.elems(), bytes = n * int64_t(sizeof(D));
+  std::vector<D> hx(static_cast<size_t>(n));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.5f, 2.0f);
+  for (auto& v : hx) v = D(nd(rng));
+  D *x, *y;
+  Acc *scale, *bias, *mean, *var;
+  double* ws;
+  unsigned* sink;
+  CK_(cudaMalloc(&x, bytes));
+  CK_(cudaMalloc(&y, bytes));
+  CK_(cudaMalloc(&scale, s.CK() * sizeof(Acc)));
+  CK_(cudaMalloc(&bias, s.CK() * sizeof(Acc)));
+  CK_(cudaMalloc(&mean, s.groups() * sizeof(Acc)));
+  CK_(cudaMalloc(&var, s.groups() * sizeof(Acc)));
+  CK_(cudaMalloc(&ws, fwd_workspace_bytes(s)));
+  CK_(cudaMalloc(&sink, 4));
+  CK_(cudaMemcpy(x, hx.data(), bytes, cudaMemcpyHostToDevice));
+  std::vector<Acc> ones(size_t(s.CK()), Acc(1));
+  CK_(cudaMemcpy(scale, ones.data(), s.CK() * sizeof(Acc), cudaMemcpyHostToDevice));
+  CK_(cudaMemset(bias, 0, s.CK() * sizeof(Acc)));
+  const Fwd<D> f{s, true, true, Acc(1e-5), x, scale, bias, y, mean, var, ws,
+                 ws + fwd_partials(s)};
+  const double mb = bytes / 1e6;
+  auto rate = [&](double traffic, float us) { return traffic / us; };  // MB/us = TB/s
+
+  const float t_copy = median_us([&] { cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice); });
+  const int64_t packs = bytes / 16;
+  const float t_read = median_us([&] {
+    read_kernel<<<unsigned((packs + 255) / 256), 256>>>(reinterpret_cast<const uint4*>(x), packs,
+                                                        sink);
+  });
+#ifndef SEGMENT
+  {
+    const int64_t row_vecs = s.CK() * int64_t(sizeof(D)) / 16;  // 16-byte vectors per row
+    const char* modes[3] = {"contiguous", "rotated", "interleaved"};
+    auto probe = [&](auto u, int threads, int64_t blocks_or_zero, int steps, int mode) {
+      const int64_t chunks = s.A / (threads / row_vecs);
+      const int64_t blocks = blocks_or_zero ? blocks_or_zero : (chunks + steps - 1) / steps;
+      if (blocks_or_zero) steps = int((chunks + blocks - 1) / blocks);
+      const float tp = median_us([&] {
+        pattern_kernel<decltype(u)::value><<<unsigned(blocks), threads>>>(
+            reinterpret_cast<const uint4*>(x), row_vecs, chunks, steps, mode, sink);
+      });
+      std::printf("  pattern %4d thr x %5lld blocks, U=%d, %4d steps %-11s %7.1f us  %.2f TB/s\n",
+                  threads, (long long)blocks, decltype(u)::value, steps, modes[mode], tp,
+                  rate(mb, tp));
+    };
+    using U4 = std::integral_constant<int, 4>;
+    using U8 = std::integral_constant<int, 8>;
+    using U1 = std::integral_constant<int, 1>;
+    for (int mode : {0, 1, 2}) probe(U4{}, 256, 0, 32, mode);  // the stats kernel's shape
+    for (int mode : {0, 1, 2}) probe(U4{}, 256, 0, 4, mode);   // one batch per thread
+    probe(U1{}, 256, 0, 1, 0);                                 // flat
+    for (int mode : {0, 1, 2}) probe(U8{}, 512, 132, 0, mode); // the fused kernel's phase 1
+    for (int mode : {0, 2}) probe(U8{}, 512, 264, 0, mode);
+    for (int mode : {0, 2}) probe(U4{}, 256, 528, 0, mode);
+  }
+#endif
+  const float t_stats = median_us([&] { ST_(STATS(f, nullptr)); });
+  const float t_merge = median_us([&] { ST_(merge_stats(f, nullptr)); });
+  const float t_apply = median_us([&] { ST_(APPLY(f, nullptr)); });
+  std::vector<Acc> m3(size_t(s.groups())), v3(size_t(s.groups()));
+  CK_(cudaMemcpy(m3.data(), mean, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
+  CK_(cudaMemcpy(v3.data(), var, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
+  bool ran = false;
+  const float t_fused = median_us([&] { ST_(FUSED(f, nullptr, &ran)); });
+  CK_(cudaDeviceSynchronize());
+  std::vector<Acc> mf(size_t(s.groups())), vf(size_t(s.groups()));
+  CK_(cudaMemcpy(mf.data(), mean, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
+  CK_(cudaMemcpy(vf.data(), var, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
+  double dm = 0, dv = 0;
+  for (int64_t g = 0; g < s.groups(); ++g) {
+    dm = std::max(dm, std::abs(double(mf[g]) - double(m3[g])));
+    dv = std::max(dv, std::abs(double(vf[g]) - double(v3[g])) / double(v3[g]));
+  }
+  // Phase spans of the last fused run: boundary k, max over blocks minus the earliest start.
+  std::vector<unsigned long long> ph(4 * 4096);
+  CK_(cudaMemcpyFromSymbol(ph.data(), g_phase, ph.size() * 8));
+  int blocks = 0;
+  {
+    FusedCapacity cap;
+#ifdef SEGMENT
+    constexpr auto kernel = segment_fused_kernel<D, Vec<D>::kN>;
+#else
+    constexpr auto kernel = column_fused_kernel<D, Vec<D>::kN>;
+#endif
+    ST_(fused_capacity<kernel>(&cap));
+    blocks = int(cap.blocks);
+  }
+  unsigned long long t0 = ~0ull, lo[4], hi[4];
+  for (int k = 0; k < 4; ++k) {
+    lo[k] = ~0ull, hi[k] = 0;
+    for (int b = 0; b < blocks; ++b) {
+      lo[k] = std::min(lo[k], ph[k * 4096 + b]);
+      hi[k] = std::max(hi[k], ph[k * 4096 + b]);
+    }
+  }
+  t0 = lo[0];
+  std::printf("%s  %lld elems, %.1f MB, fused ran=%d blocks=%d (fused vs 3-pass: max |dmean| "
+              "%.2e, max rel dvar %.2e)\n",
+              name, (long long)n, mb, int(ran), blocks, dm, dv);
+  std::printf("  copy  %7.1f us  %.2f TB/s (read+write)\n", t_copy, rate(2 * mb, t_copy));
+  std::printf("  read  %7.1f us  %.2f TB/s\n", t_read, rate(mb, t_read));
+  std::printf("  stats %7.1f us  %.2f TB/s\n", t_stats, rate(mb, t_stats));
+  std::printf("  merge %7.1f us\n", t_merge);
+  std::printf("  apply %7.1f us  %.2f TB/s\n", t_apply, rate(2 * mb, t_apply));
+  std::printf("  3-pass sum %7.1f us\n", t_stats + t_merge + t_apply);
+  std::printf("  fused %7.1f us  (%.2f TB/s of 2x bytes)\n", t_fused, rate(2 * mb, t_fused));
+  const char* names[4] = {"start", "phase1 done", "merge done", "end"};
+  for (int k = 0; k < 4; ++k)
+    std::printf("    %-12s first %7.1f  last %7.1f us\n", names[k], (lo[k] - t0) / 1e3,
+                (hi[k] - t0) / 1e3);
+  cudaFree(x), cudaFree(y), cudaFree(scale), cudaFree(bias), cudaFree(mean), cudaFree(var),
+      cudaFree(ws), cudaFree(sink);
+}
+
+int main(int argc, char** argv) {
+  const bool bf = argc > 1 && !std::strcmp(argv[1], "bf16");
+  if (bf) run<__nv_bfloat16>("bf16");
+  else run<float>("f32");
+  return 0;
+}
