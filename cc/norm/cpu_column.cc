@@ -7,7 +7,7 @@
 // contiguous "super row" of R*w values: per-column state is replicated R times (replica r
 // takes rows r, r+R, ...), so the vector loops run ~1024 values long instead of w, and the
 // replicas are folded in order at the end.
-// Narrow tiles of whole vectors (w = NV vectors, NV <= kRegVecs: up to 128 float columns)
+// Narrow tiles of whole vectors (w = NV vectors, NV <= kRegVecs: up to 64 float columns)
 // take a register path in the stats and apply passes instead: the per-column state of a row
 // (Welford's shift, mean, M2, or the apply coefficients) stays in 3*NV vector registers and
 // rows are walked one by one, one load (and one store) per vector of x. The replicated path

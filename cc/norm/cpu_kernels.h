@@ -2,7 +2,7 @@
 // shares, and the per-path entry points (cpu_row.cc, cpu_column.cc, cpu_segment.cc), driven by
 // cpu_norm.cc.
 //
-// Vectorisation: elementwise loops and reductions run on 64-byte vector-extension values,
+// Vectorisation: elementwise loops and reductions run on 32-byte vector-extension values,
 // inlined into per-task functions compiled for x86-64-v4 (AVX-512 F/BW/DQ/VL), x86-64-v3
 // (AVX2, FMA) and baseline x86-64 (JAXDNN_CPU_CLONES), picked at load time.
 // Stability: statistics of contiguous data are computed block by block (1024 values, an L1
@@ -24,7 +24,7 @@
 #define JAXDNN_ALWAYS_INLINE inline __attribute__((always_inline))
 #define JAXDNN_INLINE_LAMBDA __attribute__((always_inline))  // [](...) JAXDNN_INLINE_LAMBDA {...}
 
-// The vector helpers return 64-byte vectors by value (parameters go by reference). They are
+// The vector helpers return 32-byte vectors by value (parameters go by reference). They are
 // always inlined into code of one ISA, so no calling convention applies; silence GCC's note
 // about the baseline ABI.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -109,14 +109,20 @@ struct Moments {
   }
 };
 
-// Reductions run on GCC vector-extension registers of 64 bytes (16 floats or 8 doubles): one
-// zmm under AVX-512, two ymm under AVX2, four xmm otherwise, with no reassociation of the
-// per-lane sums (plain reduction loops would not vectorise without -ffast-math).
-using VecF = float __attribute__((vector_size(64)));
-using VecD = double __attribute__((vector_size(64)));
+// Reductions run on GCC vector-extension registers of kVecBytes (8 floats or 4 doubles): one
+// ymm under AVX2 and AVX-512, two xmm otherwise, with no reassociation of the per-lane sums
+// (plain reduction loops would not vectorise without -ffast-math).
+// Not 64 bytes: without AVX-512, GCC 12 keeps a 64-byte vector that is carried across loop
+// iterations (an accumulator, the column path's register state) in memory, and every update
+// goes through the stack and general registers (vmovq/vpinsrq) with store-forwarding stalls:
+// the row moments ran at 3 ns per value instead of 0.4 on an AVX2 host (benchmarks/NOTES.md,
+// session 13). Elementwise loops carry nothing and were not affected.
+constexpr int kVecBytes = 32;
+using VecF = float __attribute__((vector_size(kVecBytes)));
+using VecD = double __attribute__((vector_size(kVecBytes)));
 template <typename T> struct Lanes {
   using type = std::conditional_t<std::is_same_v<T, double>, VecD, VecF>;
-  static constexpr int kN = int(64 / sizeof(S<T>));
+  static constexpr int kN = int(kVecBytes / sizeof(S<T>));
 };
 template <typename T> using V = typename Lanes<T>::type;
 
@@ -131,12 +137,21 @@ JAXDNN_ALWAYS_INLINE V<double> vload(const double* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+// bfloat16 <-> float on 8 lanes, as halves of 16-bit lanes: a bfloat16 is the top half of a
+// float. Written as shuffles: GCC 12 widens with __builtin_convertvector through two 128-bit
+// halves (6 instructions per 8 values instead of 3), and narrows through shift, mask and pack.
+static_assert(kVecBytes == 32, "the bfloat16 shuffles are written for 8 lanes");
+using U16x8 = uint16_t __attribute__((vector_size(16)));
+using U16x16 = uint16_t __attribute__((vector_size(32)));
+using U32x8 = uint32_t __attribute__((vector_size(32)));
+using U64x2 = uint64_t __attribute__((vector_size(16)));
+using U64x4 = uint64_t __attribute__((vector_size(32)));
+
 JAXDNN_ALWAYS_INLINE V<bf16_t> vload(const bf16_t* p) {
-  using u16 = uint16_t __attribute__((vector_size(32)));
-  using u32 = uint32_t __attribute__((vector_size(64)));
-  u16 h;
+  U16x8 h;
   std::memcpy(&h, p, sizeof h);
-  const u32 w = __builtin_convertvector(h, u32) << 16;  // bfloat16 is the top half of a float
+  const U16x16 w = __builtin_shufflevector(U16x8{}, h, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13,
+                                           6, 14, 7, 15);  // (0, h[i]) pairs
   V<bf16_t> v;
   std::memcpy(&v, &w, sizeof v);
   return v;
@@ -151,18 +166,19 @@ JAXDNN_ALWAYS_INLINE V<f16_t> vload(const f16_t* p) {
 JAXDNN_ALWAYS_INLINE void vstore(float* p, const V<float>& v) { std::memcpy(p, &v, sizeof v); }
 JAXDNN_ALWAYS_INLINE void vstore(double* p, const V<double>& v) { std::memcpy(p, &v, sizeof v); }
 JAXDNN_ALWAYS_INLINE void vstore(bf16_t* p, const V<bf16_t>& v) {
-  using u16 = uint16_t __attribute__((vector_size(32)));
-  using u32 = uint32_t __attribute__((vector_size(64)));
-  u32 u;
+  U32x8 u;
   std::memcpy(&u, &v, sizeof u);
-  const u32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
-  // NaN mask: all ones where |u| > inf's bits, the sign of (inf - |u|). A vector compare here
-  // (`> ? :`) compiled to a per-lane extract, compare and insert without AVX-512: bfloat16
-  // outputs ran at 0.35-0.42x XLA:CPU on an AVX2 host (benchmarks/NOTES.md, session 12).
-  using i32 = int32_t __attribute__((vector_size(64)));
-  const u32 nan = u32(i32(0x7f800000u - (u & 0x7fffffffu)) >> 31);
-  const u32 r = (quiet & nan) | (rounded & ~nan);
-  const u16 h = __builtin_convertvector(r, u16);
+  // Round to nearest even in the top half; NaN kept, made quiet. `v != v` is one vcmpps on
+  // 32-byte vectors (on 64-byte ones without AVX-512 it was compiled lane by lane: bfloat16
+  // outputs at 0.35-0.42x XLA:CPU, benchmarks/NOTES.md, session 12).
+  const U32x8 r = v != v ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
+  U16x16 w;
+  std::memcpy(&w, &r, sizeof w);
+  // Top halves: gathered within each 128-bit lane, then the two lanes' low quadwords.
+  w = __builtin_shufflevector(w, w, 1, 3, 5, 7, 1, 3, 5, 7, 9, 11, 13, 15, 9, 11, 13, 15);
+  U64x4 q;
+  std::memcpy(&q, &w, sizeof q);
+  const U64x2 h = __builtin_shufflevector(q, q, 0, 2);
   std::memcpy(p, &h, sizeof h);
 }
 JAXDNN_ALWAYS_INLINE void vstore(f16_t* p, const V<f16_t>& v) {
