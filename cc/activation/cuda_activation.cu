@@ -27,9 +27,21 @@ using cuda::device_t;
 using cuda::from_acc;
 using cuda::to_acc;
 
-// The math policy of activation_math.h.
+// The math policy of activation_math.h. kFast (16-bit storage): exp is one MUFU.EX2 of x*log2(e)
+// (ex2.approx without .ftz) instead of expf's ~10 instructions. Its relative error stays under
+// 1e-5 for |x| < 88 (the rounding of x*log2(e) dominates), far inside the rounding of a
+// bfloat16 or float16 result (2^-9, 2^-12).
+template <bool kFast>
 struct CudaMath {
-  static __device__ __forceinline__ float exp(float x) { return expf(x); }
+  static __device__ __forceinline__ float exp(float x) {
+    if constexpr (kFast) {
+      float r;
+      asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+      return r;
+    } else {
+      return expf(x);
+    }
+  }
   static __device__ __forceinline__ double exp(double x) { return ::exp(x); }
   static __device__ __forceinline__ float expm1(float x) { return expm1f(x); }
   static __device__ __forceinline__ double expm1(double x) { return ::expm1(x); }
@@ -41,12 +53,14 @@ struct CudaMath {
   static __device__ __forceinline__ double erfc(double x) { return ::erfc(x); }
   // 1 / (1 + e) for e in [0, 1]: the fast path of the IEEE reciprocal (MUFU.RCP and one Newton
   // step, the same bits for a divisor in [1, 2] or NaN) without its range check and slow-path
-  // branch, 6 of silu's ~28 instructions per element.
+  // branch, 6 of silu's ~28 instructions per element. kFast: MUFU.RCP alone (about an ulp of
+  // float off; the Newton step only makes it correctly rounded).
   static __device__ __forceinline__ float inv_one_plus(float e) {
     const float d = 1.0f + e;
     float r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-    return fmaf(r, fmaf(-d, r, 1.0f), r);
+    if constexpr (kFast) return r;
+    else return fmaf(r, fmaf(-d, r, 1.0f), r);
   }
   static __device__ __forceinline__ double inv_one_plus(double e) { return 1.0 / (1.0 + e); }
   template <typename A>
@@ -54,21 +68,35 @@ struct CudaMath {
 };
 
 constexpr int kThreads = 256;
+// Minimum blocks per SM (launch bounds). Each thread holds its loads in flight, so resident
+// threads are the bytes in flight, and a full SM (8 blocks) needs at most 32 registers a thread:
+// silu's backward in bfloat16 took 34 registers, i.e. 6 blocks, and ran 8% slower than
+// sigmoid's (32 registers, 8 blocks); at 8 blocks it went from 211 to 194 us. The exception is
+// gelu_exact's 16-bit forward (5: it takes 45 registers; at 32 it spilled and lost 7%). Every
+// kernel states its bound: without a minimum nvcc gave most of them 32 registers, but with a
+// minimum of 1 it gave them 35-64 (gelu_exact float32 forward: 44 registers, 306 -> 358 us).
+// The float64 kernels of the longer formulas spill a few words at 8 (not benchmarked).
+template <typename T, Op kOp, bool kBackward>
+constexpr int blocks_per_sm() {
+  return sizeof(T) == 2 && kOp == Op::kGeluErf && !kBackward ? 5 : 8;
+}
 
-// f(a) (forward) or b * f'(a) (backward).
-template <Op kOp, bool kBackward, typename A>
+// f(a) (forward) or b * f'(a) (backward); kFast for 16-bit storage types.
+template <Op kOp, bool kBackward, bool kFast, typename A>
 __device__ __forceinline__ A apply(A a, A b, A alpha) {
-  if constexpr (kBackward) return backward<kOp, CudaMath>(a, b, alpha);
-  else return forward<kOp, CudaMath>(a, alpha);
+  using M = CudaMath<kFast>;
+  if constexpr (kBackward) return backward<kOp, M>(a, b, alpha);
+  else return forward<kOp, M>(a, alpha);
 }
 
 // y = f(a) (forward, b unused) or dy * f'(a) with dy = b (backward), elementwise over n.
 template <Op kOp, bool kBackward, typename T, bool kVector>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, blocks_per_sm<T, kOp, kBackward>())
 activation_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
                   int64_t n, dev_acc_t<T> alpha) {
   using A = dev_acc_t<T>;
   using P = cuda::HeldPack<T, kVector>;
+  constexpr bool kFast = sizeof(T) == 2;
   const int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x;  // this thread's pack
   if (i < n / P::kN) {
     const P pa = P::load(a + i * P::kN);
@@ -77,13 +105,13 @@ activation_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restric
     A r[P::kN];
 #pragma unroll
     for (int e = 0; e < P::kN; ++e)
-      r[e] = apply<kOp, kBackward>(pa[e], kBackward ? pb[e] : A(0), alpha);
+      r[e] = apply<kOp, kBackward, kFast>(pa[e], kBackward ? pb[e] : A(0), alpha);
     cuda::store_acc<T, kVector>(out + i * P::kN, r);
   }
   if (blockIdx.x == 0)
     for (int64_t j = n / P::kN * P::kN + threadIdx.x; j < n; j += kThreads)
       out[j] = from_acc<T>(
-          apply<kOp, kBackward>(A(to_acc(a[j])), kBackward ? A(to_acc(b[j])) : A(0), alpha));
+          apply<kOp, kBackward, kFast>(A(to_acc(a[j])), kBackward ? A(to_acc(b[j])) : A(0), alpha));
 }
 
 template <bool kBackward>
