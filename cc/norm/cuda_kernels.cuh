@@ -2,10 +2,12 @@
 // (cuda_row.cu, cuda_column.cu, cuda_segment.cu), driven by cuda_norm.cu.
 //
 // Element access is 16-byte vectors (cuda_vec.h) where a path's rows are vector-aligned, one
-// value at a time otherwise. Statistics use exact per-chunk moments merged with Chan's update
-// (Welford / parallel variance), after subtracting a sample of the group (a "shift") so that a
-// large common offset costs no precision. Every reduction combines partials in an order that
-// depends only on thread and block indices: results are bitwise reproducible.
+// value at a time otherwise. Statistics: each thread keeps Welford moments, updated once per
+// batch of loaded values (fold_deviations), and threads' and blocks' moments are merged with
+// Chan's update (parallel variance); all after subtracting a sample of the group (a "shift") so
+// that a large common offset costs no precision (tests/test_norm.py::test_large_offset). Every
+// reduction combines partials in an order that depends only on thread and block indices:
+// results are bitwise reproducible.
 //
 // Training forward of the column and segment paths, single pass (column_fused, segment_fused):
 // one cooperative launch of as many blocks as the GPU holds at once (one per SM: each takes
