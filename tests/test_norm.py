@@ -356,6 +356,30 @@ def test_large_offset(case, dtype, platform):
     assert_close(out, ref, dtype, tol=1e-3 if f32 else None, what="y")
 
 
+@pytest.mark.parametrize("axis", [-1, 1], ids=["NHWC", "NCHW"])
+def test_cpu_bfloat16_output_rounding(axis):
+    """The CPU kernels' bfloat16 stores (column and segment paths) round float32 to nearest
+    even and keep NaN, bit for bit. With mean 0 and var + eps = 1 the kernel's float32 y is
+    exactly x * scale + 0, which numpy computes exactly as well (8 x 9 significant bits), so y
+    must equal ml_dtypes' rounding of it, ties included (95 of these 9600 values)."""
+    rng = np.random.default_rng(7)
+    C = 16
+    shape = (3, 40, 5, C) if axis == -1 else (3, C, 40, 5)
+    x = rng.standard_normal(shape).astype(jnp.bfloat16)
+    flat = x.reshape(-1)
+    flat[::97], flat[5], flat[6] = np.nan, np.inf, -np.inf
+    scale = (1 + rng.integers(0, 256, C) / 256).astype(np.float32)
+    zeros = np.zeros(C, np.float32)
+    y = jaxdnn.batch_norm_inference(*on("cpu", x, scale, zeros, zeros, zeros + 0.75), axis=axis,
+                                    eps=0.25)
+    bshape = (C,) if axis == -1 else (C, 1, 1)
+    expect = (x.astype(np.float32) * scale.reshape(bshape) + np.float32(0)).astype(jnp.bfloat16)
+    y = np.asarray(y)
+    nan = np.isnan(expect.astype(np.float32))
+    np.testing.assert_array_equal(np.isnan(y.astype(np.float32)), nan)
+    np.testing.assert_array_equal(y.view(np.uint16)[~nan], expect.view(np.uint16)[~nan])
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_empty(platform):
     x, s, b = on(platform, np.zeros((0, 8), np.float32), np.ones(8, np.float32),
