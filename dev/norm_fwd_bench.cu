@@ -89,8 +89,6 @@ __global__ void read_kernel(const uint4* x, int64_t n, unsigned* sink) {  // fla
   }
 }
 
-
-
 // Access-pattern probe: blocks read 16-byte vectors of whole rows (row_vecs per row), a step of
 // blockDim/row_vecs rows at a time, U steps of loads in flight per thread, no arithmetic. Block b
 // owns `steps` chunks (one step's rows each) of `chunks`:
@@ -108,9 +106,7 @@ __global__ void pattern_kernel(const uint4* x, int64_t row_vecs, int64_t chunks,
     uint4 v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      int k = k0 + u;
-      if (k >= steps) k = steps;  // past the end: no chunk
-      const int kk = k < steps ? (k + rot) % steps : steps;
+      const int k = k0 + u, kk = k < steps ? (k + rot) % steps : steps;  // steps: past the end
       const int64_t c = mode == 2 ? blockIdx.x + int64_t(kk) * gridDim.x
                                   : blockIdx.x * int64_t(steps) + kk;
       v[u] = kk < steps && c < chunks ? x[(c * rows_per_step + ty) * row_vecs + tx]
