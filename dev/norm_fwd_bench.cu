@@ -177,10 +177,8 @@ void run(const char* name) {
     };
     using U4 = std::integral_constant<int, 4>;
     using U8 = std::integral_constant<int, 8>;
-    using U1 = std::integral_constant<int, 1>;
     for (int mode : {0, 1, 2}) probe(U4{}, 256, 0, 32, mode);  // the stats kernel's shape
     for (int mode : {0, 1, 2}) probe(U4{}, 256, 0, 4, mode);   // one batch per thread
-    probe(U1{}, 256, 0, 1, 0);                                 // flat
     for (int mode : {0, 1, 2}) probe(U8{}, 512, 132, 0, mode); // the fused kernel's phase 1
     for (int mode : {0, 2}) probe(U8{}, 512, 264, 0, mode);
     for (int mode : {0, 2}) probe(U4{}, 256, 528, 0, mode);

@@ -97,19 +97,7 @@ __device__ __forceinline__ void add_rows(const PackOf<D, VEC> (&v)[U], int count
                                          A<D> (&m2)[VEC]) {
   using Acc = A<D>;
   Acc s1[VEC] = {}, s2[VEC] = {};
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (u < count) {
-      Acc x[VEC];
-      v[u].unpack(x);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const Acc z = (x[e] - shift[e]) - mean[e];
-        s1[e] += z;
-        s2[e] += z * z;
-      }
-    }
-  }
+  sum_deviations<D, VEC, U>(v, count, shift, mean, s1, s2);
   n += Acc(count);
   const Acc r = Acc(1) / n;
 #pragma unroll

@@ -198,6 +198,27 @@ __device__ __forceinline__ void fold_deviations(Acc& mean, Acc& m2, Acc s1, Acc 
   m2 += s2 - s1 * a;
 }
 
+// The sums for fold_deviations, per vector lane e, over the packs v[0..count): s1[e] += z and
+// s2[e] += z^2 with z = (x - shift[e]) - mean[e].
+template <typename D, int VEC, int U>
+__device__ __forceinline__ void sum_deviations(const PackOf<D, VEC> (&v)[U], int count,
+                                               const A<D> (&shift)[VEC], const A<D> (&mean)[VEC],
+                                               A<D> (&s1)[VEC], A<D> (&s2)[VEC]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u < count) {
+      A<D> x[VEC];
+      v[u].unpack(x);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const A<D> z = (x[e] - shift[e]) - mean[e];
+        s1[e] += z;
+        s2[e] += z * z;
+      }
+    }
+  }
+}
+
 // Backward per-group coefficients from sg = sum(scale*dy), sgx = sum(scale*dy*xhat) over n
 // values: dx = scale*rstd*dy + (x - mean)*c1 + c2 (training), or the inference statistics'
 // gradients with c1 = c2 = 0 (see BwdBuffers in norm.h).

@@ -110,20 +110,13 @@ template <typename D, int VEC, int U>
 __device__ __forceinline__ void add_values(Moments<A<D>>& m, const PackOf<D, VEC> (&v)[U],
                                            int count, A<D> shift) {
   using Acc = A<D>;
-  Acc s1[VEC] = {}, s2[VEC] = {};
+  Acc shifts[VEC], means[VEC], s1[VEC] = {}, s2[VEC] = {};
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (u < count) {
-      Acc x[VEC];
-      v[u].unpack(x);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const Acc z = (x[e] - shift) - m.mean;
-        s1[e] += z;
-        s2[e] += z * z;
-      }
-    }
+  for (int e = 0; e < VEC; ++e) {
+    shifts[e] = shift;
+    means[e] = m.mean;
   }
+  sum_deviations<D, VEC, U>(v, count, shifts, means, s1, s2);
 #pragma unroll
   for (int e = 1; e < VEC; ++e) {
     s1[0] += s1[e];
