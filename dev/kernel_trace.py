@@ -8,8 +8,8 @@ per op. Wall minus busy is time the GPU sat idle between kernels.
 
 Cases: the pooling ops of benchmarks/bench_pool.py (forward), the normalization cases of
 benchmarks/bench_norm.py (forward; NCHW ones as group_norm_nchw / batch_norm_nchw), and the
-7x7 depthwise layer of the conv table (N=64, 56x56, C=96) as dw7_fwd / dw7_bwd_data /
-dw7_bwd_filter.
+depthwise layers of the conv table (N=64, 56x56: 3x3 with C=144, 7x7 with C=96) as dw3_fwd,
+dw7_bwd_data, dw7_bwd_filter and so on.
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ def norm_case(name, dtype):
 
 
 def depthwise_case(name, dtype):
-    direction = name[len("dw7_"):]
+    size, direction = int(name[2]), name[len("dw7_"):]
     rng = np.random.default_rng(0)
-    c = 96
+    c = {3: 144, 7: 96}[size]
     x, w, dy = ((rng.standard_normal(s, np.float32) for s in
-                 ((64, 56, 56, c), (7, 7, 1, c), (64, 56, 56, c))))
+                 ((64, 56, 56, c), (size, size, 1, c), (64, 56, 56, c))))
     dn = ("NHWC", "HWIO", "NHWC")
     ours = lambda x, w: jaxdnn.conv(x, w, padding="SAME", groups=c)
     ref = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn,
@@ -79,6 +79,13 @@ def depthwise_case(name, dtype):
 
     args = [tuple(jnp.asarray(a + i, dtype) for a in (x, w, dy)) for i in range(COPIES)]
     return direction_of(ours), direction_of(ref), args
+
+
+def make_case(name, dtype):
+    """(ours, ref, args) of a case by name: pooling, normalization or depthwise."""
+    make = (pool_case if name in bench_pool.OPS else
+            depthwise_case if name[:4] in ("dw3_", "dw7_") else norm_case)
+    return make(name, dtype)
 
 
 def many_fn(fn):
@@ -139,9 +146,7 @@ def main():
     rows = []
     for spec in sys.argv[1:]:
         name, dtype = spec.split(":")
-        make = (pool_case if name in bench_pool.OPS else
-                depthwise_case if name.startswith("dw7_") else norm_case)
-        ours, ref, args = make(name, dtype)
+        ours, ref, args = make_case(name, dtype)
         print(f"=== {name} {dtype}", flush=True)
         w_o, b_o = report("jaxdnn", many_fn(ours), args)
         w_x, b_x = report("XLA   ", many_fn(ref), args)
