@@ -27,7 +27,7 @@ def timer(fn, args):
     jax.block_until_ready(f(args))
 
     def run():
-        reps, t = 1, 0.0
+        reps = 1
         while True:
             t0 = time.perf_counter()
             for _ in range(reps):

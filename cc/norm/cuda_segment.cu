@@ -255,17 +255,18 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   const int64_t e0 = su.begin(u0), e1 = su.begin(u1 - 1) + su.size(u1 - 1);
   const int64_t kept = e1 - min(e1 - e0, keep);
   JAXDNN_NORM_PHASE(0);
-  // The lane's chunks of unit u: values at(m) = first + 32*m*VEC, m in [0, count); those from
-  // split on are stashed (at stash + at(m) - kept).
-  struct Chunks {
-    int64_t first, count, split;
-    __device__ int64_t at(int64_t m) const { return first + 32 * m * VEC; }
+  // The lane's chunks of unit u (its LaneChunks over the warp), at values at(m) of x, m in
+  // [0, count); those from split on are stashed (at stash + at(m) - kept).
+  struct Chunks : LaneChunks<VEC> {
+    int64_t begin, split;
+    __device__ Chunks(int64_t begin_, int64_t size, int lane)
+        : LaneChunks<VEC>(size, lane, 32), begin(begin_) {}
+    __device__ int64_t at(int64_t m) const { return begin + LaneChunks<VEC>::at(m); }
   };
   auto chunks_of = [&](int64_t u) {
-    const int64_t begin = su.begin(u), n = su.size(u) / VEC;
-    const int64_t stashed = kept - begin;  // first stashed value of the unit, relative
+    Chunks c(su.begin(u), su.size(u), lane);
+    const int64_t stashed = kept - c.begin;  // first stashed value of the unit, relative
     const int64_t ahead = (stashed > 0 ? (stashed + VEC - 1) / VEC : 0) - lane;
-    Chunks c{begin + lane * VEC, n > lane ? (n - lane + 31) / 32 : 0, 0};
     c.split = ahead <= 0 ? 0 : min(c.count, (ahead + 31) / 32);
     return c;
   };
