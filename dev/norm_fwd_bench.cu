@@ -1,8 +1,11 @@
 // Kernel-level timing of the norm training forward on the benchmark's batch norm (column path,
 // NHWC 64x112x112x64; with -DSEGMENT the segment path, NCHW), CUDA events, median of 20:
 //   the three passes (stats, merge, apply), the single-pass fused kernel with its phase times
-//   (%globaltimer at the phase boundaries of every block), the copy / read rooflines, and
-//   (column build) read-only probes of the stats and fused kernels' access shapes.
+//   (%globaltimer at the phase boundaries of every block; percentiles over blocks, and each
+//   block's phase-1 end with NFB_BLOCKS=1), back to back and after a 512 MB read-only sweep that
+//   leaves the L2 clean, the copy / read rooflines, and (column build) read-only probes of the
+//   stats and fused kernels' access shapes and of bulk copies (cp.async.bulk) through a ring of
+//   shared-memory slots.
 // The kernels are the library's own (this file includes their sources), so two builds of it, one
 // from an older tree, give a same-call A/B.
 //   F="-std=c++17 -O3 --expt-relaxed-constexpr -I. -arch=sm_90"
@@ -40,6 +43,7 @@ __device__ __forceinline__ void phase_mark(int k) {
 #define FUSED column_fused
 #endif
 #include "cc/norm/cuda_norm.cu"
+#include "cc/conv/cuda_tma.cuh"
 
 using namespace jaxdnn::norm;
 using namespace jaxdnn::norm::cuda_impl;
@@ -118,6 +122,56 @@ __global__ void pattern_kernel(const uint4* x, int64_t row_vecs, int64_t chunks,
   if (acc == 0x12345678u) *sink = acc;
 }
 
+
+// Bulk-copy probe: each block streams its contiguous `per_block` bytes through a ring of S
+// shared-memory slots of `chunk` bytes, filled by cp.async.bulk (one thread issues, the copy
+// engine moves, an mbarrier counts the bytes); every warp reads each slot (16 B per thread per
+// access) and releases it on an `empty` barrier, after which thread 0 refills it S chunks ahead.
+__global__ void __launch_bounds__(512, 1)
+    bulk_probe_kernel(const char* x, int64_t per_block, int chunk, int S, unsigned* sink) {
+  using namespace jaxdnn::conv::gemm;
+  extern __shared__ uint4 ring[];
+  __shared__ uint64_t full[16], empty[16];
+  const int tid = threadIdx.x, warps = blockDim.x / 32;
+  const char* src = x + blockIdx.x * per_block;
+  const int n = int(per_block / chunk), vecs = chunk / 16;
+  auto bar = [](uint64_t* b) { return jaxdnn::cuda::smem_addr(b); };
+  if (tid == 0) {
+    for (int i = 0; i < S; ++i) mbar_init(bar(&full[i]), 1), mbar_init(bar(&empty[i]), warps);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  auto issue = [&](int k) {
+    const int sl = k % S;
+    mbar_expect_bytes(bar(&full[sl]), chunk);
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+        ::"r"(jaxdnn::cuda::smem_addr(ring) + sl * chunk), "l"(src + int64_t(k) * chunk),
+        "r"(chunk), "r"(bar(&full[sl]))
+        : "memory");
+  };
+  if (tid == 0)
+    for (int k = 0; k < S && k < n; ++k) issue(k);
+  unsigned acc = 0;
+  for (int k = 0; k < n; ++k) {
+    const int sl = k % S;
+    const uint32_t par = (k / S) & 1;
+    mbar_wait(bar(&full[sl]), par);
+    for (int v = tid; v < vecs; v += blockDim.x) {
+      const uint4 q = ring[sl * vecs + v];
+      acc ^= q.x ^ q.y ^ q.z ^ q.w;
+    }
+    __syncwarp();
+    if (tid % 32 == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(&empty[sl])) : "memory");
+    if (tid == 0 && k + S < n) {
+      mbar_wait(bar(&empty[sl]), par);
+      issue(k + S);
+    }
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+
 template <typename D>
 void run(const char* name) {
   Shape s;
@@ -182,6 +236,22 @@ void run(const char* name) {
     for (int mode : {0, 1, 2}) probe(U8{}, 512, 132, 0, mode); // the fused kernel's phase 1
     for (int mode : {0, 2}) probe(U8{}, 512, 264, 0, mode);
     for (int mode : {0, 2}) probe(U4{}, 256, 528, 0, mode);
+    CK_(cudaFuncSetAttribute(bulk_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             200 * 1024));
+    struct Cfg { int threads, blocks, S, chunk; };
+    for (Cfg c : {Cfg{512, 132, 2, 16384}, Cfg{512, 132, 4, 8192}, Cfg{512, 132, 4, 16384},
+                  Cfg{512, 132, 8, 8192}, Cfg{512, 132, 8, 16384}, Cfg{512, 132, 4, 32768},
+                  Cfg{512, 132, 6, 32768}, Cfg{512, 132, 12, 16384}, Cfg{256, 132, 8, 16384},
+                  Cfg{128, 132, 8, 16384}, Cfg{256, 264, 4, 16384}, Cfg{256, 264, 6, 16384}}) {
+      const int64_t per = bytes / c.blocks / c.chunk * c.chunk;
+      const float tb = median_us([&] {
+        bulk_probe_kernel<<<unsigned(c.blocks), c.threads, size_t(c.S) * c.chunk>>>(
+            reinterpret_cast<const char*>(x), per, c.chunk, c.S, sink);
+      });
+      CK_(cudaGetLastError());
+      std::printf("  bulk %4d thr x %4d blocks, %2d x %5d B slots  %7.1f us  %.2f TB/s\n",
+                  c.threads, c.blocks, c.S, c.chunk, tb, rate(per * c.blocks / 1e6, tb));
+    }
   }
 #endif
   const float t_stats = median_us([&] { ST_(STATS(f, nullptr)); });
@@ -191,19 +261,6 @@ void run(const char* name) {
   CK_(cudaMemcpy(m3.data(), mean, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
   CK_(cudaMemcpy(v3.data(), var, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
   bool ran = false;
-  const float t_fused = median_us([&] { ST_(FUSED(f, nullptr, &ran)); });
-  CK_(cudaDeviceSynchronize());
-  std::vector<Acc> mf(size_t(s.groups())), vf(size_t(s.groups()));
-  CK_(cudaMemcpy(mf.data(), mean, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
-  CK_(cudaMemcpy(vf.data(), var, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
-  double dm = 0, dv = 0;
-  for (int64_t g = 0; g < s.groups(); ++g) {
-    dm = std::max(dm, std::abs(double(mf[g]) - double(m3[g])));
-    dv = std::max(dv, std::abs(double(vf[g]) - double(v3[g])) / double(v3[g]));
-  }
-  // Phase spans of the last fused run: boundary k, max over blocks minus the earliest start.
-  std::vector<unsigned long long> ph(4 * 4096);
-  CK_(cudaMemcpyFromSymbol(ph.data(), g_phase, ph.size() * 8));
   int blocks = 0;
   {
     FusedCapacity cap;
@@ -215,29 +272,96 @@ void run(const char* name) {
     ST_(fused_capacity<kernel>(&cap));
     blocks = int(cap.blocks);
   }
-  unsigned long long t0 = ~0ull, lo[4], hi[4];
-  for (int k = 0; k < 4; ++k) {
-    lo[k] = ~0ull, hi[k] = 0;
-    for (int b = 0; b < blocks; ++b) {
-      lo[k] = std::min(lo[k], ph[k * 4096 + b]);
-      hi[k] = std::max(hi[k], ph[k * 4096 + b]);
-    }
-  }
-  t0 = lo[0];
-  std::printf("%s  %lld elems, %.1f MB, fused ran=%d blocks=%d (fused vs 3-pass: max |dmean| "
-              "%.2e, max rel dvar %.2e)\n",
-              name, (long long)n, mb, int(ran), blocks, dm, dv);
+  std::printf("%s  %lld elems, %.1f MB, blocks=%d\n", name, (long long)n, mb, blocks);
   std::printf("  copy  %7.1f us  %.2f TB/s (read+write)\n", t_copy, rate(2 * mb, t_copy));
   std::printf("  read  %7.1f us  %.2f TB/s\n", t_read, rate(mb, t_read));
   std::printf("  stats %7.1f us  %.2f TB/s\n", t_stats, rate(mb, t_stats));
   std::printf("  merge %7.1f us\n", t_merge);
   std::printf("  apply %7.1f us  %.2f TB/s\n", t_apply, rate(2 * mb, t_apply));
   std::printf("  3-pass sum %7.1f us\n", t_stats + t_merge + t_apply);
-  std::printf("  fused %7.1f us  (%.2f TB/s of 2x bytes)\n", t_fused, rate(2 * mb, t_fused));
-  const char* names[4] = {"start", "phase1 done", "merge done", "end"};
-  for (int k = 0; k < 4; ++k)
-    std::printf("    %-12s first %7.1f  last %7.1f us\n", names[k], (lo[k] - t0) / 1e3,
-                (hi[k] - t0) / 1e3);
+  // A 512 MB read-only sweep before a run leaves the L2 clean (no dirty y lines to write back).
+  const int64_t flush_packs = (int64_t(512) << 20) / 16;
+  uint4* flush_buf;
+  CK_(cudaMalloc(&flush_buf, flush_packs * 16));
+  CK_(cudaMemset(flush_buf, 1, flush_packs * 16));
+  // Before each timed run: 0 nothing (back to back), 1 the read-only sweep (clean L2), 2 a 512 MB
+  // memset (the L2 full of dirty lines of another buffer), 3 the apply pass (dirty y lines).
+  auto before = [&](int pre) {
+    if (pre == 1)
+      read_kernel<<<unsigned((flush_packs + 255) / 256), 256>>>(flush_buf, flush_packs, sink);
+    if (pre == 2) cudaMemsetAsync(flush_buf, 0, flush_packs * 16);
+    if (pre == 3) ST_(APPLY(f, nullptr));
+  };
+  auto timed = [&](int pre, auto run) {
+    cudaEvent_t ea, eb;
+    cudaEventCreate(&ea);
+    cudaEventCreate(&eb);
+    std::vector<float> ts;
+    for (int i = 0; i < 23; ++i) {
+      before(pre);
+      cudaEventRecord(ea);
+      run();
+      cudaEventRecord(eb);
+      CK_(cudaEventSynchronize(eb));
+      float ms;
+      cudaEventElapsedTime(&ms, ea, eb);
+      if (i >= 3) ts.push_back(ms * 1e3f);
+    }
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+  };
+  const char* pre_names[4] = {"back to back", "after a read sweep", "after a memset", "after apply"};
+  for (int pre : {1, 2, 3})
+    std::printf("  stats %-22s %7.1f us\n", pre_names[pre],
+                timed(pre, [&] { ST_(STATS(f, nullptr)); }));
+  auto fused_run = [&](const char* label, int pre) {
+    cudaEvent_t ea, eb;
+    cudaEventCreate(&ea);
+    cudaEventCreate(&eb);
+    std::vector<float> ts;
+    for (int i = 0; i < 23; ++i) {
+      before(pre);
+      cudaEventRecord(ea);
+      ST_(FUSED(f, nullptr, &ran));
+      cudaEventRecord(eb);
+      CK_(cudaEventSynchronize(eb));
+      float ms;
+      cudaEventElapsedTime(&ms, ea, eb);
+      if (i >= 3) ts.push_back(ms * 1e3f);
+    }
+    std::sort(ts.begin(), ts.end());
+    std::vector<Acc> mf(size_t(s.groups())), vf(size_t(s.groups()));
+    CK_(cudaMemcpy(mf.data(), mean, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
+    CK_(cudaMemcpy(vf.data(), var, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
+    double dm = 0, dv = 0;
+    for (int64_t g = 0; g < s.groups(); ++g) {
+      dm = std::max(dm, std::abs(double(mf[g]) - double(m3[g])));
+      dv = std::max(dv, std::abs(double(vf[g]) - double(v3[g])) / double(v3[g]));
+    }
+    // Phase times of the last run, per boundary over blocks, from the earliest start.
+    std::vector<unsigned long long> ph(4 * 4096);
+    CK_(cudaMemcpyFromSymbol(ph.data(), g_phase, ph.size() * 8));
+    unsigned long long t0 = ~0ull;
+    for (int b = 0; b < blocks; ++b) t0 = std::min(t0, ph[b]);
+    std::printf("  fused %-22s %7.1f us (ran=%d; vs 3-pass |dmean| %.1e rel dvar %.1e)\n", label,
+                ts[ts.size() / 2], int(ran), dm, dv);
+    const char* names[4] = {"start", "phase1 done", "merge done", "end"};
+    for (int k = 1; k < 4; ++k) {
+      std::vector<double> at(static_cast<size_t>(blocks));
+      for (int b = 0; b < blocks; ++b) at[size_t(b)] = (ph[k * 4096 + b] - t0) / 1e3;
+      if (k == 1 && std::getenv("NFB_BLOCKS")) {
+        std::printf("    phase1 by block:");
+        for (int b = 0; b < blocks; ++b) std::printf(" %.0f", at[size_t(b)]);
+        std::printf("\n");
+      }
+      std::sort(at.begin(), at.end());
+      auto pct = [&](int q) { return at[size_t((blocks - 1) * q / 100)]; };
+      std::printf("    %-12s first %6.1f  p10 %6.1f  p50 %6.1f  p90 %6.1f  last %6.1f us\n",
+                  names[k], pct(0), pct(10), pct(50), pct(90), pct(100));
+    }
+  };
+  for (int pre : {0, 1, 2}) fused_run(pre_names[pre], pre);
+  cudaFree(flush_buf);
   cudaFree(x), cudaFree(y), cudaFree(scale), cudaFree(bias), cudaFree(mean), cudaFree(var),
       cudaFree(ws), cudaFree(sink);
 }
