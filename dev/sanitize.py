@@ -5,7 +5,7 @@ the references, segfaulted after 24 tests on the H200; this script runs only jax
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 dev/sanitize.py [families]
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 dev/sanitize.py conv norm
 
-families: activation softmax norm pool conv (default: all); conv=NAME,NAME runs only those
+families: activation softmax norm norm_fused pool conv (default: all); conv=NAME,NAME runs only those
 problems of the conv grid. Each op runs forward and backward
 (jax.vjp with a random cotangent) in float32 and bfloat16; conv runs every supported CUDA
 algorithm in every direction on a reduced grid. Results are only checked for finiteness: the
@@ -96,6 +96,24 @@ def norm():
             fwd_bwd(f"rms_norm {shape} {dt.__name__}", jaxdnn.rms_norm, x, s)
 
 
+def norm_fused():
+    """The single-pass training forwards (column and segment paths) on tensors larger than the
+    blocks' shared memory holds at once (~26 MB on an H200), so that every block both keeps
+    chunks on chip and streams the rest back; forward only."""
+    cases = (("batch_norm NHWC", (16, 96, 96, 64), lambda x, s, b: jaxdnn.batch_norm(x, s, b)),
+             ("batch_norm NCHW", (16, 64, 96, 96),
+              lambda x, s, b: jaxdnn.batch_norm(x, s, b, axis=1)),
+             ("group_norm NHWC", (8, 64, 64, 256),
+              lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=32)),
+             ("group_norm NCHW", (8, 256, 64, 64),
+              lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=32, layout="NCHW")))
+    for dt in DTYPES:
+        for name, shape, fn in cases:
+            c = shape[1] if "NCHW" in name else shape[-1]
+            x, s, b = rand(shape, dt), rand((c,), dt), rand((c,), dt)
+            finite(f"{name} {shape} {dt.__name__} (single pass)", jax.jit(fn)(x, s, b))
+
+
 def pool():
     for dt in DTYPES:
         x = rand((2, 11, 9, 5), dt)
@@ -155,8 +173,8 @@ def conv(names=""):
                                f"{precision}", run(a, b))
 
 
-FAMILIES = {"activation": activation, "softmax": softmax, "norm": norm, "pool": pool,
-            "conv": conv}
+FAMILIES = {"activation": activation, "softmax": softmax, "norm": norm,
+            "norm_fused": norm_fused, "pool": pool, "conv": conv}
 
 if __name__ == "__main__":
     for fam in sys.argv[1:] or list(FAMILIES):
