@@ -65,14 +65,16 @@ using namespace jaxdnn::norm::cuda_impl;
     }                                                              \
   } while (0)
 
-template <typename F>
-float median_us(F f) {
+// Median time of f over 20 runs (after 3 untimed), with pre() run untimed before each.
+template <typename F, typename Pre>
+float median_us(F f, Pre pre) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) f();
+  for (int i = 0; i < 3; ++i) pre(), f();
   std::vector<float> t;
   for (int i = 0; i < 20; ++i) {
+    pre();
     cudaEventRecord(a);
     f();
     cudaEventRecord(b);
@@ -83,6 +85,10 @@ float median_us(F f) {
   }
   std::sort(t.begin(), t.end());
   return t[10];
+}
+template <typename F>
+float median_us(F f) {
+  return median_us(f, [] {});
 }
 
 __global__ void read_kernel(const uint4* x, int64_t n, unsigned* sink) {  // flat, 1 pack/thread
@@ -292,44 +298,12 @@ void run(const char* name) {
     if (pre == 2) cudaMemsetAsync(flush_buf, 0, flush_packs * 16);
     if (pre == 3) ST_(APPLY(f, nullptr));
   };
-  auto timed = [&](int pre, auto run) {
-    cudaEvent_t ea, eb;
-    cudaEventCreate(&ea);
-    cudaEventCreate(&eb);
-    std::vector<float> ts;
-    for (int i = 0; i < 23; ++i) {
-      before(pre);
-      cudaEventRecord(ea);
-      run();
-      cudaEventRecord(eb);
-      CK_(cudaEventSynchronize(eb));
-      float ms;
-      cudaEventElapsedTime(&ms, ea, eb);
-      if (i >= 3) ts.push_back(ms * 1e3f);
-    }
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
-  };
   const char* pre_names[4] = {"back to back", "after a read sweep", "after a memset", "after apply"};
   for (int pre : {1, 2, 3})
     std::printf("  stats %-22s %7.1f us\n", pre_names[pre],
-                timed(pre, [&] { ST_(STATS(f, nullptr)); }));
+                median_us([&] { ST_(STATS(f, nullptr)); }, [&] { before(pre); }));
   auto fused_run = [&](const char* label, int pre) {
-    cudaEvent_t ea, eb;
-    cudaEventCreate(&ea);
-    cudaEventCreate(&eb);
-    std::vector<float> ts;
-    for (int i = 0; i < 23; ++i) {
-      before(pre);
-      cudaEventRecord(ea);
-      ST_(FUSED(f, nullptr, &ran));
-      cudaEventRecord(eb);
-      CK_(cudaEventSynchronize(eb));
-      float ms;
-      cudaEventElapsedTime(&ms, ea, eb);
-      if (i >= 3) ts.push_back(ms * 1e3f);
-    }
-    std::sort(ts.begin(), ts.end());
+    const float t = median_us([&] { ST_(FUSED(f, nullptr, &ran)); }, [&] { before(pre); });
     std::vector<Acc> mf(size_t(s.groups())), vf(size_t(s.groups()));
     CK_(cudaMemcpy(mf.data(), mean, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
     CK_(cudaMemcpy(vf.data(), var, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
@@ -344,7 +318,7 @@ void run(const char* name) {
     unsigned long long t0 = ~0ull;
     for (int b = 0; b < blocks; ++b) t0 = std::min(t0, ph[b]);
     std::printf("  fused %-22s %7.1f us (ran=%d; vs 3-pass |dmean| %.1e rel dvar %.1e)\n", label,
-                ts[ts.size() / 2], int(ran), dm, dv);
+                t, int(ran), dm, dv);
     const char* names[4] = {"start", "phase1 done", "merge done", "end"};
     for (int k = 1; k < 4; ++k) {
       std::vector<double> at(static_cast<size_t>(blocks));
