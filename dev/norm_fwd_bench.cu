@@ -2,9 +2,10 @@
 // NHWC 64x112x112x64; with -DSEGMENT the segment path, NCHW), CUDA events, median of 20:
 //   the three passes (stats, merge, apply), the single-pass fused kernel with its phase times
 //   (%globaltimer at the phase boundaries of every block; percentiles over blocks, and each
-//   block's phase-1 end with NFB_BLOCKS=1), back to back and after a 512 MB read-only sweep that
-//   leaves the L2 clean, the copy / read rooflines, and (column build) read-only probes of the
-//   stats and fused kernels' access shapes and of bulk copies (cp.async.bulk) through a ring of
+//   block's phase-1 end with NFB_BLOCKS=1) back to back, after a 512 MB read-only sweep (a clean
+//   L2) and after a 512 MB memset (an L2 of dirty lines), the stats pass after the same sweeps
+//   and after apply, the copy / read rooflines, and (column build) read-only probes of the stats
+//   and fused kernels' access shapes and of bulk copies (cp.async.bulk) through a ring of
 //   shared-memory slots.
 // The kernels are the library's own (this file includes their sources), so two builds of it, one
 // from an older tree, give a same-call A/B.
@@ -127,7 +128,6 @@ __global__ void pattern_kernel(const uint4* x, int64_t row_vecs, int64_t chunks,
   }
   if (acc == 0x12345678u) *sink = acc;
 }
-
 
 // Bulk-copy probe: each block streams its contiguous `per_block` bytes through a ring of S
 // shared-memory slots of `chunk` bytes, filled by cp.async.bulk (one thread issues, the copy
@@ -298,7 +298,8 @@ void run(const char* name) {
     if (pre == 2) cudaMemsetAsync(flush_buf, 0, flush_packs * 16);
     if (pre == 3) ST_(APPLY(f, nullptr));
   };
-  const char* pre_names[4] = {"back to back", "after a read sweep", "after a memset", "after apply"};
+  const char* pre_names[4] = {"back to back", "after a read sweep", "after a memset",
+                              "after apply"};
   for (int pre : {1, 2, 3})
     std::printf("  stats %-22s %7.1f us\n", pre_names[pre],
                 median_us([&] { ST_(STATS(f, nullptr)); }, [&] { before(pre); }));

@@ -5,8 +5,8 @@ the references, segfaulted after 24 tests on the H200; this script runs only jax
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 dev/sanitize.py [families]
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 dev/sanitize.py conv norm
 
-families: activation softmax norm norm_fused pool conv (default: all); conv=NAME,NAME runs only those
-problems of the conv grid. Each op runs forward and backward
+families: activation softmax norm norm_fused pool conv (default: all); conv=NAME,NAME runs
+only those problems of the conv grid. Each op runs forward and backward (norm_fused: forward)
 (jax.vjp with a random cotangent) in float32 and bfloat16; conv runs every supported CUDA
 algorithm in every direction on a reduced grid. Results are only checked for finiteness: the
 point is the sanitizer's report (the test suite checks the values).
