@@ -300,24 +300,42 @@ __device__ __forceinline__ void grid_sync() { cooperative_groups::this_grid().sy
 #define JAXDNN_NORM_PHASE(k)
 #endif
 
-// Phase 2: the statistics of every group from its `parts` partials, one warp per group (groups
-// strided over every warp of the grid). part(g, i, &idx) returns the value count of partial i of
-// group g and sets its workspace index; lanes take i = lane, lane + 32, ... in order (Chan's
-// update in double), then a shuffle tree; lane 0 writes mean and var.
+// Phase 2: the statistics of every group from its `parts` partials, one team of `team` warps per
+// group (groups strided over every team of the grid). part(g, i, &idx) returns the value count of
+// partial i of group g and sets its workspace index; a team's threads take i = rank, rank +
+// 32*team, ... in order (Chan's update in double), then a shuffle tree per warp and one across
+// the team's warps; its first thread writes mean and var. A team is as many warps (a power of
+// two, at most a block) as still gives every group its own team: with one warp per group, 64
+// groups of 256 partials (batch_norm NCHW) kept 64 of the grid's 2112 warps busy through 8
+// dependent loads and Chan updates each, and the merge took ~12 us between the grid barriers.
+// Every thread of the block calls it (it synchronises when a team spans several warps).
 template <typename D, typename Part>
 __device__ __forceinline__ void merge_groups(const Fwd<D>& f, int64_t parts, Part part) {
-  const int lane = threadIdx.x % 32, per_block = blockDim.x / 32;
-  const int64_t warps = int64_t(gridDim.x) * per_block;
-  for (int64_t g = int64_t(blockIdx.x) * per_block + threadIdx.x / 32; g < f.s.groups();
-       g += warps) {
+  __shared__ Moments<double> warp_moments[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t groups = f.s.groups();
+  int team = 1;
+  while (team < warps && int64_t(gridDim.x) * (warps / (team * 2)) >= groups) team *= 2;
+  const int per_block = warps / team, rank = warp % team * 32 + lane;
+  const int64_t teams = int64_t(gridDim.x) * per_block;
+  for (int64_t g0 = 0; g0 < groups; g0 += teams) {  // the same rounds for every thread
+    const int64_t g = g0 + int64_t(blockIdx.x) * per_block + warp / team;
     Moments<double> m{0, 0, 0};
-    for (int64_t i = lane; i < parts; i += 32) {
-      int64_t idx;
-      const double n = part(g, i, &idx);
-      m.merge(n, f.ws0[idx], f.ws1[idx]);
-    }
+    if (g < groups)
+      for (int64_t i = rank; i < parts; i += 32 * team) {
+        int64_t idx;
+        const double n = part(g, i, &idx);
+        m.merge(n, f.ws0[idx], f.ws1[idx]);
+      }
     m = warp_merge(m);
-    if (lane == 0) {
+    if (team > 1) {
+      if (lane == 0) warp_moments[warp] = m;
+      __syncthreads();
+      if (warp % team == 0)
+        m = warp_merge(lane < team ? warp_moments[warp + lane] : Moments<double>{0, 0, 0});
+      __syncthreads();  // warp_moments is reused by the next round
+    }
+    if (g < groups && warp % team == 0 && lane == 0) {
       f.mean[g] = A<D>(m.mean);
       f.var[g] = A<D>(m.m2 / m.n);
     }
