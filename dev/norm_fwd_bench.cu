@@ -1,12 +1,15 @@
 // Kernel-level timing of the norm training forward on the benchmark's batch norm (column path,
 // NHWC 64x112x112x64; with -DSEGMENT the segment path, NCHW), CUDA events, median of 20:
-//   the three passes (stats, merge, apply), the single-pass fused kernel with its phase times
-//   (%globaltimer at the phase boundaries of every block; percentiles over blocks, and each
-//   block's phase-1 end with NFB_BLOCKS=1) back to back, after a 512 MB read-only sweep (a clean
-//   L2) and after a 512 MB memset (an L2 of dirty lines), the stats pass after the same sweeps
-//   and after apply, the copy / read rooflines, and (column build) read-only probes of the stats
-//   and fused kernels' access shapes and of bulk copies (cp.async.bulk) through a ring of
-//   shared-memory slots.
+//   - the three passes (stats, merge, apply);
+//   - the single-pass fused kernel, its mean, var and y checked against the three passes', with
+//     its phase times (%globaltimer at the phase boundaries of every block; percentiles over
+//     blocks, and each block's phase-1 end with NFB_BLOCKS=1), back to back, after a 512 MB
+//     read-only sweep (a clean L2), after a 512 MB memset (an L2 of dirty lines) and after the
+//     apply pass;
+//   - the stats pass after the same sweeps and after the fused kernel;
+//   - the copy / read rooflines, and (column build) read-only probes of the stats and fused
+//     kernels' access shapes and of bulk copies (cp.async.bulk) through a ring of shared-memory
+//     slots.
 // The kernels are the library's own (this file includes their sources), so two builds of it, one
 // from an older tree, give a same-call A/B.
 //   F="-std=c++17 -O3 --expt-relaxed-constexpr -I. -arch=sm_90"
@@ -263,6 +266,8 @@ void run(const char* name) {
   const float t_stats = median_us([&] { ST_(STATS(f, nullptr)); });
   const float t_merge = median_us([&] { ST_(merge_stats(f, nullptr)); });
   const float t_apply = median_us([&] { ST_(APPLY(f, nullptr)); });
+  std::vector<D> y3(static_cast<size_t>(n)), yf(static_cast<size_t>(n));
+  CK_(cudaMemcpy(y3.data(), y, bytes, cudaMemcpyDeviceToHost));
   std::vector<Acc> m3(size_t(s.groups())), v3(size_t(s.groups()));
   CK_(cudaMemcpy(m3.data(), mean, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
   CK_(cudaMemcpy(v3.data(), var, s.groups() * sizeof(Acc), cudaMemcpyDeviceToHost));
@@ -291,16 +296,19 @@ void run(const char* name) {
   CK_(cudaMalloc(&flush_buf, flush_packs * 16));
   CK_(cudaMemset(flush_buf, 1, flush_packs * 16));
   // Before each timed run: 0 nothing (back to back), 1 the read-only sweep (clean L2), 2 a 512 MB
-  // memset (the L2 full of dirty lines of another buffer), 3 the apply pass (dirty y lines).
+  // memset (the L2 full of dirty lines of another buffer), 3 the apply pass (dirty y lines),
+  // 4 the fused kernel (its dirty y lines).
+  bool ran_pre = false;
   auto before = [&](int pre) {
     if (pre == 1)
       read_kernel<<<unsigned((flush_packs + 255) / 256), 256>>>(flush_buf, flush_packs, sink);
     if (pre == 2) cudaMemsetAsync(flush_buf, 0, flush_packs * 16);
     if (pre == 3) ST_(APPLY(f, nullptr));
+    if (pre == 4) ST_(FUSED(f, nullptr, &ran_pre));
   };
-  const char* pre_names[4] = {"back to back", "after a read sweep", "after a memset",
-                              "after apply"};
-  for (int pre : {1, 2, 3})
+  const char* pre_names[5] = {"back to back", "after a read sweep", "after a memset",
+                              "after apply", "after fused"};
+  for (int pre : {1, 2, 3, 4})
     std::printf("  stats %-22s %7.1f us\n", pre_names[pre],
                 median_us([&] { ST_(STATS(f, nullptr)); }, [&] { before(pre); }));
   auto fused_run = [&](const char* label, int pre) {
@@ -313,13 +321,17 @@ void run(const char* name) {
       dm = std::max(dm, std::abs(double(mf[g]) - double(m3[g])));
       dv = std::max(dv, std::abs(double(vf[g]) - double(v3[g])) / double(v3[g]));
     }
+    CK_(cudaMemcpy(yf.data(), y, bytes, cudaMemcpyDeviceToHost));
+    double dy = 0;
+    for (int64_t i = 0; i < n; ++i)
+      dy = std::max(dy, std::abs(double(float(yf[size_t(i)])) - double(float(y3[size_t(i)]))));
     // Phase times of the last run, per boundary over blocks, from the earliest start.
     std::vector<unsigned long long> ph(4 * 4096);
     CK_(cudaMemcpyFromSymbol(ph.data(), g_phase, ph.size() * 8));
     unsigned long long t0 = ~0ull;
     for (int b = 0; b < blocks; ++b) t0 = std::min(t0, ph[b]);
-    std::printf("  fused %-22s %7.1f us (ran=%d; vs 3-pass |dmean| %.1e rel dvar %.1e)\n", label,
-                t, int(ran), dm, dv);
+    std::printf("  fused %-22s %7.1f us (ran=%d; vs 3-pass |dmean| %.1e rel dvar %.1e |dy| %.1e)\n",
+                label, t, int(ran), dm, dv, dy);
     const char* names[4] = {"start", "phase1 done", "merge done", "end"};
     for (int k = 1; k < 4; ++k) {
       std::vector<double> at(static_cast<size_t>(blocks));
@@ -335,7 +347,7 @@ void run(const char* name) {
                   names[k], pct(0), pct(10), pct(50), pct(90), pct(100));
     }
   };
-  for (int pre : {0, 1, 2}) fused_run(pre_names[pre], pre);
+  for (int pre : {0, 1, 2, 3}) fused_run(pre_names[pre], pre);
   cudaFree(flush_buf);
   cudaFree(x), cudaFree(y), cudaFree(scale), cudaFree(bias), cudaFree(mean), cudaFree(var),
       cudaFree(ws), cudaFree(sink);
