@@ -7,6 +7,8 @@
 //     read-only sweep (a clean L2), after a 512 MB memset (an L2 of dirty lines) and after the
 //     apply pass;
 //   - the stats pass after the same sweeps and after the fused kernel;
+//   - the cost per launch of 8 back to back (the fused kernel's cooperative launch against a
+//     regular one);
 //   - the copy / read rooflines, and (column build) read-only probes of the stats and fused
 //     kernels' access shapes and of bulk copies (cp.async.bulk) through a ring of shared-memory
 //     slots.
@@ -348,6 +350,34 @@ void run(const char* name) {
     }
   };
   for (int pre : {0, 1, 2, 3}) fused_run(pre_names[pre], pre);
+  // Launch cost in a busy stream: 8 launches back to back between two events, per launch. The
+  // regular (non-cooperative) launch of the fused kernel is only valid here, on an otherwise
+  // idle GPU, where every block of the one-wave grid is resident anyway.
+  auto per_launch = [&](auto launch) {
+    return median_us([&] {
+             for (int i = 0; i < 8; ++i) launch();
+           }) / 8;
+  };
+  std::printf("  x8 back to back, per launch: fused %.1f us, stats %.1f, apply %.1f", per_launch(
+      [&] { ST_(FUSED(f, nullptr, &ran)); }), per_launch([&] { ST_(STATS(f, nullptr)); }),
+              per_launch([&] { ST_(APPLY(f, nullptr)); }));
+#ifndef SEGMENT
+  {
+    constexpr auto kernel = column_fused_kernel<D, Vec<D>::kN>;
+    FusedCapacity cap;
+    ST_(fused_capacity<kernel>(&cap));
+    const int64_t tiles = column_grid(s, Vec<D>::kN, kFusedThreads, 1).tiles;
+    const int64_t per_p = cap.blocks / (s.P * tiles);
+    const ColumnGrid g = column_grid(s, Vec<D>::kN, kFusedThreads,
+                                     std::max(rows_per_slice(s), (s.A + per_p - 1) / per_p));
+    std::printf(", fused with a regular launch %.1f", per_launch([&] {
+      kernel<<<unsigned(g.blocks), kFusedThreads, size_t(cap.stash_bytes)>>>(
+          f, g, cap.stash_bytes / int64_t(sizeof(D)));
+    }));
+    CK_(cudaGetLastError());
+  }
+#endif
+  std::printf("\n");
   cudaFree(flush_buf);
   cudaFree(x), cudaFree(y), cudaFree(scale), cudaFree(bias), cudaFree(mean), cudaFree(var),
       cudaFree(ws), cudaFree(sink);

@@ -23,7 +23,8 @@
 //   fused  the single-pass training forward (cuda_kernels.cuh): one kFusedThreads block per row
 //          slice of each (p, tile), as many slices as blocks fit; the slice's last rows are
 //          stashed in shared memory. Per block: phase 1 as stats, phase 3 as apply over the
-//          stash and then the streamed rows in reverse.
+//          stash and then the streamed rows in reverse, copied (cp.async) into a ring of the
+//          thread's own stash slots, 15 rows in flight per thread.
 //          Traffic: read x, write y, re-read the rows that were neither stashed nor L2-resident.
 
 #include <type_traits>

@@ -15,9 +15,11 @@
 //   1. The block reads its slice once, accumulating partial statistics into the workspace; the
 //      slice's last `keep` values (~200 KB per SM) are copied into shared memory on the way
 //      (cp.async, issued up front so that they are in flight while the rest streams).
-//   grid barrier; 2. one warp per statistics group merges its partials -> mean, var; barrier.
+//   grid barrier; 2. a team of warps per statistics group merges its partials -> mean, var;
+//      barrier.
 //   3. y for the stashed values straight from shared memory, then the rest re-read in reverse
-//      order: the most recently read lines first, while they are still in the 50 MB L2.
+//      order: the most recently read lines first, while they are still in the L2 (the column
+//      path streams them through a per-thread ring of its freed stash slots).
 // Traffic: read x once + write y once + re-read what neither shared memory (132 x ~200 KB =
 // 26 MB on an H200) nor the L2 kept, against 2 reads + 1 write for the three-pass fallback.
 #pragma once
