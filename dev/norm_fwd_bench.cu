@@ -173,8 +173,7 @@ __global__ void __launch_bounds__(512, 1)
       acc ^= q.x ^ q.y ^ q.z ^ q.w;
     }
     __syncwarp();
-    if (tid % 32 == 0)
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar(&empty[sl])) : "memory");
+    if (tid % 32 == 0) mbar_arrive(bar(&empty[sl]));
     if (tid == 0 && k + S < n) {
       mbar_wait(bar(&empty[sl]), par);
       issue(k + S);
@@ -366,10 +365,7 @@ void run(const char* name) {
     constexpr auto kernel = column_fused_kernel<D, Vec<D>::kN>;
     FusedCapacity cap;
     ST_(fused_capacity<kernel>(&cap));
-    const int64_t tiles = column_grid(s, Vec<D>::kN, kFusedThreads, 1).tiles;
-    const int64_t per_p = cap.blocks / (s.P * tiles);
-    const ColumnGrid g = column_grid(s, Vec<D>::kN, kFusedThreads,
-                                     std::max(rows_per_slice(s), (s.A + per_p - 1) / per_p));
+    const ColumnGrid g = fused_grid(s, Vec<D>::kN, cap.blocks);
     std::printf(", fused with a regular launch %.1f", per_launch([&] {
       kernel<<<unsigned(g.blocks), kFusedThreads, size_t(cap.stash_bytes)>>>(
           f, g, cap.stash_bytes / int64_t(sizeof(D)));

@@ -490,10 +490,6 @@ wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
 #endif
 }
 
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
 // The warp-specialised form of wgmma_kernel (same loaders, tiles, descriptors and epilogue).
 // In wgmma_kernel every thread both gathers and issues wgmmas, two warps per scheduler: ncu on
 // ResNet's l2 3x3 forward shows ~270 issued instructions per warp and k-slice (table lookups,

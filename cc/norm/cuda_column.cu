@@ -435,6 +435,16 @@ ColumnGrid column_grid(const Shape& s, int vec, int threads, int64_t rps) {
   return g;
 }
 
+// The fused kernel's grid: as many row slices per (p, column tile) as `blocks` resident blocks
+// allow, never more than the workspace holds; no blocks when there are fewer than (p, tile)s.
+ColumnGrid fused_grid(const Shape& s, int vec, int64_t blocks) {
+  const int64_t tiles = column_grid(s, vec, kFusedThreads, 1).tiles;
+  const int64_t per_p = blocks / (s.P * tiles);
+  if (per_p == 0) return ColumnGrid{};
+  return column_grid(s, vec, kFusedThreads,
+                     std::max(rows_per_slice(s), (s.A + per_p - 1) / per_p));
+}
+
 // The grid of the partial-sum passes (stats, grads): the slices of the workspace (norm.h).
 ColumnGrid partial_grid(const Shape& s, int vec) {
   return column_grid(s, vec, kThreads, rows_per_slice(s));
@@ -505,12 +515,9 @@ Status column_fused(const Fwd<D>& f, cudaStream_t st, bool* ran) {
   constexpr auto kernel = column_fused_kernel<D, N>;
   FusedCapacity cap;
   Status status = fused_capacity<kernel>(&cap);
-  const int64_t tiles = column_grid(s, N, kFusedThreads, 1).tiles;
-  if (!status.ok() || cap.blocks < s.P * tiles) return status;
-  // As many slices per (p, tile) as blocks allow, never more than the workspace holds.
-  const int64_t per_p = cap.blocks / (s.P * tiles);
-  const ColumnGrid g =
-      column_grid(s, N, kFusedThreads, std::max(rows_per_slice(s), (s.A + per_p - 1) / per_p));
+  if (!status.ok()) return status;
+  const ColumnGrid g = fused_grid(s, N, cap.blocks);
+  if (g.blocks == 0) return status;
   *ran = true;
   return launch_cooperative(kernel, g.blocks, cap.stash_bytes, st, "norm column_fused_kernel", f,
                             g, cap.stash_bytes / int64_t(sizeof(D)));
