@@ -99,8 +99,8 @@ def norm():
 def norm_fused():
     """The single-pass training forwards (column and segment paths) on tensors larger than the
     blocks' shared memory holds at once (~26 MB on an H200) in bfloat16 too, so that every block
-    both keeps chunks on chip and streams the rest back (on the column path through phase 3's
-    ring of stash slots); forward only."""
+    both keeps chunks on chip and streams the rest back, through phase 3's ring of stash slots
+    (the segment path's 2304-value units give every lane enough of them); forward only."""
     cases = (("batch_norm NHWC", (32, 96, 96, 64), lambda x, s, b: jaxdnn.batch_norm(x, s, b)),
              ("batch_norm NCHW", (16, 256, 96, 96),
               lambda x, s, b: jaxdnn.batch_norm(x, s, b, axis=1)),

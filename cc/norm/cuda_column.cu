@@ -318,35 +318,6 @@ __global__ void __launch_bounds__(kThreads) column_dx_kernel(Bwd<D> b, ColumnGri
 // register loads (pipelined) it replaced; bfloat16 97-99 against 99.
 constexpr int kFusedRing = 16;
 
-// Calls f(q, v) for q = 0, 1, ..., n - 1, v the 16-byte pack at src(q), copied first (cp.async)
-// into this thread's shared-memory slot(q % kRing), with kRing - 1 copies in flight; src is
-// called once per q, in order, kRing - 1 calls ahead of f. Batched register loads (pipelined)
-// have nothing in flight while a thread uses a batch; the ring keeps kRing - 1 loads in flight
-// at no register cost. No other thread may touch the slots meanwhile (no barrier here); the
-// copies, waits and slot reads are all asm volatile, so the compiler keeps them in order, and
-// the caller's earlier reads of the slots stay before the first copy (a compiler fence).
-template <int kRing, typename Pk, typename Src, typename Slot, typename F>
-__device__ __forceinline__ void ring_stream(int64_t n, Src src, Slot slot, F f) {
-  static_assert(sizeof(Pk) == 16, "16-byte packs");
-  asm volatile("" ::: "memory");
-  auto issue = [&](int64_t q) {  // always commits, so that group q is the q-th committed
-    if (q < n) cuda::cp_async16(slot(int(q % kRing)), src(q));
-    cuda::cp_async_commit();
-  };
-  for (int q = 0; q < kRing - 1; ++q) issue(q);
-  for (int64_t q = 0; q < n; ++q) {
-    cuda::cp_async_wait<kRing - 2>();  // group q landed
-    uint4 w;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
-                 : "r"(cuda::smem_addr(slot(int(q % kRing)))));
-    Pk v;
-    memcpy(&v, &w, sizeof(w));
-    f(q, v);
-    issue(q + kRing - 1);  // into the slot read one iteration ago
-  }
-}
-
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kFusedThreads, 1)
     column_fused_kernel(Fwd<D> f, ColumnGrid g, int64_t keep) {
