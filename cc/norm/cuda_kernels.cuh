@@ -22,6 +22,9 @@
 //      path streams them through a per-thread ring of its freed stash slots).
 // Traffic: read x once + write y once + re-read what neither shared memory (132 x ~200 KB =
 // 26 MB on an H200) nor the L2 kept, against 2 reads + 1 write for the three-pass fallback.
+// Fewer bytes are not less time in float32: on the H200 a one-wave loop like phase 3 moves reads
+// plus writes at 3.5-3.7 TB/s, a flat grid of one pack per thread (XLA's elementwise shape) at
+// 4.0 (dev/copy_probe.cu), and that costs about what the stash saves (NOTES.md, session 17).
 #pragma once
 
 #include <cooperative_groups.h>
