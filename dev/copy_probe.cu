@@ -25,15 +25,7 @@
 #include <vector>
 
 #include "cc/common/cuda_async.h"
-
-#define CK_(x)                                                                   \
-  do {                                                                           \
-    cudaError_t e_ = (x);                                                        \
-    if (e_ != cudaSuccess) {                                                     \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));     \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
+#include "dev/event_timing.cuh"
 
 namespace cuda = jaxdnn::cuda;
 
@@ -177,27 +169,6 @@ __global__ void __launch_bounds__(256) k2_kernel(const uint4* x, uint4* y, const
   v.w = v.w * sc.w + sh.w;
   if (kStream) __stcs(reinterpret_cast<float4*>(y) + i, v);
   else reinterpret_cast<float4*>(y)[i] = v;
-}
-
-template <typename F>
-float median_us(F f) {
-  cudaEvent_t a, b;
-  CK_(cudaEventCreate(&a));
-  CK_(cudaEventCreate(&b));
-  f();
-  std::vector<float> t;
-  for (int i = 0; i < 20; ++i) {
-    CK_(cudaEventRecord(a));
-    f();
-    CK_(cudaEventRecord(b));
-    CK_(cudaEventSynchronize(b));
-    float ms;
-    CK_(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3f);
-  }
-  CK_(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 int main() {

@@ -50,18 +50,11 @@ __device__ __forceinline__ void phase_mark(int k) {
 #endif
 #include "cc/norm/cuda_norm.cu"
 #include "cc/conv/cuda_tma.cuh"
+#include "dev/event_timing.cuh"
 
 using namespace jaxdnn::norm;
 using namespace jaxdnn::norm::cuda_impl;
 
-#define CK_(x)                                                              \
-  do {                                                                      \
-    cudaError_t e_ = (x);                                                   \
-    if (e_ != cudaSuccess) {                                                \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                         \
-    }                                                                       \
-  } while (0)
 #define ST_(...)                                                   \
   do {                                                             \
     jaxdnn::Status s_ = (__VA_ARGS__);                                       \
@@ -70,32 +63,6 @@ using namespace jaxdnn::norm::cuda_impl;
       std::exit(1);                                                \
     }                                                              \
   } while (0)
-
-// Median time of f over 20 runs (after 3 untimed), with pre() run untimed before each.
-template <typename F, typename Pre>
-float median_us(F f, Pre pre) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) pre(), f();
-  std::vector<float> t;
-  for (int i = 0; i < 20; ++i) {
-    pre();
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    CK_(cudaEventSynchronize(b));
-    float ms;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms * 1e3f);
-  }
-  std::sort(t.begin(), t.end());
-  return t[10];
-}
-template <typename F>
-float median_us(F f) {
-  return median_us(f, [] {});
-}
 
 __global__ void read_kernel(const uint4* x, int64_t n, unsigned* sink) {  // flat, 1 pack/thread
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;

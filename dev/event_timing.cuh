@@ -1,0 +1,48 @@
+// Shared by the dev tools' CUDA drivers (norm_fwd_bench.cu, copy_probe.cu): CK_ exits on a CUDA
+// error with its place; median_us times f with CUDA events (median of 20 runs after 3 warm-ups,
+// pre() before each, untimed) and checks that its launches started.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK_(x)                                                               \
+  do {                                                                       \
+    cudaError_t e_ = (x);                                                    \
+    if (e_ != cudaSuccess) {                                                 \
+      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                          \
+    }                                                                        \
+  } while (0)
+
+template <typename F, typename Pre>
+float median_us(F f, Pre pre) {
+  cudaEvent_t a, b;
+  CK_(cudaEventCreate(&a));
+  CK_(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) pre(), f();
+  std::vector<float> t;
+  for (int i = 0; i < 20; ++i) {
+    pre();
+    CK_(cudaEventRecord(a));
+    f();
+    CK_(cudaEventRecord(b));
+    CK_(cudaEventSynchronize(b));
+    float ms;
+    CK_(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e3f);
+  }
+  CK_(cudaGetLastError());  // a launch that failed to start
+  CK_(cudaEventDestroy(a));
+  CK_(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[10];
+}
+template <typename F>
+float median_us(F f) {
+  return median_us(f, [] {});
+}
