@@ -3,7 +3,8 @@
 # The device machine gets the working tree but not the git history, so this runs in two halves:
 #
 #   dev/ab_trees.sh prepare main wip/norm-merge-teams ...   (here) exports each revision's cc/
-#       into abtmp/<name>/, beside this tree's dev/norm_fwd_bench.cu, and writes abtmp/run.sh;
+#       and its own dev/norm_fwd_bench.cu (the bench builds the kernels' arguments, which change
+#       with them) into abtmp/<name>/, and writes abtmp/run.sh;
 #   bash abtmp/run.sh [f32 bf16]                           (on the device, in the repo root)
 #       builds every tree's bench (column path, and -DSEGMENT) in parallel, then runs them in
 #       turn, two rounds, the log in $OUT/ab.log.
@@ -19,8 +20,9 @@ names=()
 for rev in "$@"; do
   name=${rev//\//_}
   mkdir -p "abtmp/$name/dev"
-  git archive "$rev" cc | tar -x -C "abtmp/$name"
-  cp dev/norm_fwd_bench.cu "abtmp/$name/dev/"
+  files=(cc dev/norm_fwd_bench.cu)
+  git cat-file -e "$rev:dev/event_timing.cuh" 2>/dev/null && files+=(dev/event_timing.cuh)
+  git archive "$rev" "${files[@]}" | tar -x -C "abtmp/$name"
   names+=("$name")
 done
 cat > abtmp/run.sh <<EOF
