@@ -9,8 +9,9 @@
 // replicas are folded in order at the end.
 // Narrow tiles of whole vectors (w = NV vectors, NV <= kRegVecs: up to 64 float columns)
 // take a register path in the stats and apply passes instead: the per-column state of a row
-// (Welford's shift, mean, M2, or the apply coefficients) stays in 3*NV vector registers and
-// rows are walked one by one, one load (and one store) per vector of x. The replicated path
+// (Welford's shift, mean, M2, or the apply coefficients) stays in vector registers, three per
+// vector of a block of up to kRegBlock vectors, and the block walks the rows one by one, one
+// load (and one store) per vector of x. The replicated path
 // keeps that state in L1 and spends three loads and two stores (stats) or three extra loads
 // (apply) per vector of x, which made a cache-resident batch norm load/store-bound.
 //   stats  Welford's update per column on x - shift (shift = the replica's first value);
@@ -23,8 +24,8 @@
 
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <type_traits>
-#include <vector>
 
 #include "cc/norm/cpu_kernels.h"
 
@@ -88,6 +89,25 @@ JAXDNN_ALWAYS_INLINE bool with_narrow(const Tile& t, Fn&& fn) {
 }
 static_assert(kRegVecs == 8, "with_narrow dispatches NV = 1..8");
 
+// The register path walks a tile's rows once per block of at most kRegBlock vectors: three
+// state vectors each (Welford's shift, mean, M2, or the apply coefficients) stay in 12 of
+// AVX2's 16 ymm registers. With all 8 vectors of a 64-column float tile at once (24 state
+// vectors), GCC kept the state on the stack and the apply loop loaded four vectors per vector
+// of x: 25-30% slower than a plain loop from L3 (one thread, batch_norm_inference 8x56x56x64).
+constexpr int kRegBlock = 4;
+static_assert(kRegVecs <= 2 * kRegBlock, "for_reg_blocks makes at most two blocks");
+
+// Calls fn(integral_constant<int, NB>, k0) for the blocks [k0, k0 + NB) of NV vectors.
+template <int NV, typename Fn>
+JAXDNN_ALWAYS_INLINE void for_reg_blocks(Fn&& fn) {
+  if constexpr (NV <= kRegBlock) {
+    fn(std::integral_constant<int, NV>{}, 0);
+  } else {
+    fn(std::integral_constant<int, kRegBlock>{}, 0);
+    fn(std::integral_constant<int, NV - kRegBlock>{}, kRegBlock);
+  }
+}
+
 // Offset of (row a, first tile column) in an x-like buffer.
 inline int64_t row_offset(const Shape& s, const Tile& t, int64_t a) {
   return (t.p * s.A + a) * s.CK() + t.j0;
@@ -100,22 +120,24 @@ JAXDNN_ALWAYS_INLINE void replicate(S<T>* c, const Tile& t) {
 }
 
 // Register path of the stats pass: Welford's update per column on x - shift (shift = the
-// tile's first row), one row at a time.
-template <int NV, typename T>
-JAXDNN_ALWAYS_INLINE void column_stats_narrow(const FwdView<T>& v, const Tile& t,
-                                              int64_t nslices) {
+// tile's first row), one row at a time, per register block of NB vectors from vector k0.
+template <int NB, typename T>
+JAXDNN_ALWAYS_INLINE void column_stats_block(const FwdView<T>& v, const Tile& t, int64_t nslices,
+                                             int k0) {
   constexpr int N = Lanes<T>::kN;
   const Shape& s = v.s;
-  V<T> shift[NV], mean[NV], m2[NV];
-  const T* x0 = v.x + row_offset(s, t, t.a0);
-  for (int k = 0; k < NV; ++k) {
+  V<T> shift[NB], mean[NB], m2[NB];
+  const T* x0 = v.x + row_offset(s, t, t.a0) + k0 * N;
+#pragma GCC unroll 4
+  for (int k = 0; k < NB; ++k) {
     shift[k] = v.centered ? vload(x0 + k * N) : V<T>{};
     mean[k] = m2[k] = V<T>{};
   }
-  for (int64_t a = t.a0; a < t.a1; ++a) {
-    const T* x = v.x + row_offset(s, t, a);
+  const T* x = x0;
+  for (int64_t a = t.a0; a < t.a1; ++a, x += s.CK()) {
     const S<T> inv = S<T>(1) / S<T>(a - t.a0 + 1);
-    for (int k = 0; k < NV; ++k) {
+#pragma GCC unroll 4
+    for (int k = 0; k < NB; ++k) {
       const V<T> xv = vload(x + k * N) - shift[k], d = xv - mean[k];
       if (v.centered) {
         mean[k] += d * inv;
@@ -125,8 +147,8 @@ JAXDNN_ALWAYS_INLINE void column_stats_narrow(const FwdView<T>& v, const Tile& t
       }
     }
   }
-  const int64_t off = (t.p * nslices + t.s) * s.CK() + t.j0;
-  for (int k = 0; k < NV; ++k)
+  const int64_t off = (t.p * nslices + t.s) * s.CK() + t.j0 + k0 * N;
+  for (int k = 0; k < NB; ++k)
     for (int i = 0; i < N; ++i) {
       v.ws0[off + k * N + i] = v.centered ? double(shift[k][i]) + double(mean[k][i]) : 0.0;
       v.ws1[off + k * N + i] = double(m2[k][i]);
@@ -138,7 +160,9 @@ template <typename T>
 JAXDNN_ALWAYS_INLINE void column_stats_tile(const FwdView<T>& v, const Tile& t, int64_t nslices,
                                             S<T>* buf) {
   if (with_narrow<T>(t, [&](auto nv) JAXDNN_INLINE_LAMBDA {
-        column_stats_narrow<decltype(nv)::value>(v, t, nslices);
+        for_reg_blocks<decltype(nv)::value>([&](auto nb, int k0) JAXDNN_INLINE_LAMBDA {
+          column_stats_block<decltype(nb)::value>(v, t, nslices, k0);
+        });
       }))
     return;
   const Shape& s = v.s;
@@ -205,22 +229,25 @@ JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu
   }
 }
 
-// Register path of the apply pass: the coefficients of the tile's columns in registers.
-template <int NV, typename T>
-JAXDNN_ALWAYS_INLINE void column_apply_narrow(const FwdView<T>& v, const Tile& t, const S<T>* mu,
-                                              const S<T>* gg, const S<T>* bb) {
+// Register path of the apply pass: the coefficients of a register block of NB vectors (from
+// vector k0) in registers.
+template <int NB, typename T>
+JAXDNN_ALWAYS_INLINE void column_apply_block(const FwdView<T>& v, const Tile& t, const S<T>* mu,
+                                             const S<T>* gg, const S<T>* bb, int k0) {
   constexpr int N = Lanes<T>::kN;
-  V<T> m[NV], g[NV], b[NV];
-  for (int k = 0; k < NV; ++k) {
-    m[k] = vload(mu + k * N);
-    g[k] = vload(gg + k * N);
-    b[k] = vload(bb + k * N);
+  V<T> m[NB], g[NB], b[NB];
+#pragma GCC unroll 4
+  for (int k = 0; k < NB; ++k) {
+    m[k] = vload(mu + (k0 + k) * N);
+    g[k] = vload(gg + (k0 + k) * N);
+    b[k] = vload(bb + (k0 + k) * N);
   }
-  for (int64_t a = t.a0; a < t.a1; ++a) {
-    const int64_t row = row_offset(v.s, t, a);
-    const T* x = v.x + row;
-    T* y = v.y + row;
-    for (int k = 0; k < NV; ++k) vstore(y + k * N, (vload(x + k * N) - m[k]) * g[k] + b[k]);
+  const int64_t row0 = row_offset(v.s, t, t.a0) + k0 * N, CK = v.s.CK();
+  const T* x = v.x + row0;
+  T* y = v.y + row0;
+  for (int64_t a = t.a0; a < t.a1; ++a, x += CK, y += CK) {
+#pragma GCC unroll 4
+    for (int k = 0; k < NB; ++k) vstore(y + k * N, (vload(x + k * N) - m[k]) * g[k] + b[k]);
   }
 }
 
@@ -238,7 +265,9 @@ JAXDNN_ALWAYS_INLINE void column_apply_tile(const FwdView<T>& v, const Tile& t, 
     bb[j] = v.bias[affine + j];
   }
   if (with_narrow<T>(t, [&](auto nv) JAXDNN_INLINE_LAMBDA {
-        column_apply_narrow<decltype(nv)::value>(v, t, mu, gg, bb);
+        for_reg_blocks<decltype(nv)::value>([&](auto nb, int k0) JAXDNN_INLINE_LAMBDA {
+          column_apply_block<decltype(nb)::value>(v, t, mu, gg, bb, k0);
+        });
       }))
     return;
   for (S<T>* c : {mu, gg, bb}) replicate<T>(c, t);
@@ -340,13 +369,13 @@ JAXDNN_COLUMN_TASKS(bf16_t)
 #undef JAXDNN_COLUMN_TASKS
 
 // Runs task(tile, slices, scratch) on every tile of the column problem, each task with its
-// own `planes` x kColumns scratch values.
+// own `planes` x kColumns scratch values (uninitialised: every task writes before it reads).
 template <typename T, typename View, typename Task>
 void over_tiles(const View& v, const Parallel& par, int planes, Task&& task) {
   const Tiling tl(v.s);
   par.for_each(tl.count(v.s), [&](int64_t i) {
-    std::vector<S<T>> buf(planes * kColumns);
-    task(tl.tile(v.s, i), tl.S, buf.data());
+    const std::unique_ptr<S<T>[]> buf(new S<T>[size_t(planes) * kColumns]);
+    task(tl.tile(v.s, i), tl.S, buf.get());
   });
 }
 
