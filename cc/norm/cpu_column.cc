@@ -9,11 +9,12 @@
 // replicas are folded in order at the end.
 // Narrow tiles of whole vectors (w = NV vectors, NV <= kRegVecs: up to 64 float columns)
 // take a register path in the stats and apply passes instead: the per-column state of a row
-// (Welford's shift, mean, M2, or the apply coefficients) stays in vector registers, three per
-// vector of a block of up to kRegBlock vectors, and the block walks the rows one by one, one
-// load (and one store) per vector of x. The replicated path
-// keeps that state in L1 and spends three loads and two stores (stats) or three extra loads
-// (apply) per vector of x, which made a cache-resident batch norm load/store-bound.
+// (Welford's shift, mean, M2) stays in vector registers, three per vector of a block of up to
+// kRegBlock vectors, and the block walks the rows one by one, one load per vector of x; the
+// apply pass takes four rows per step, loading each vector's coefficients once per step. The
+// replicated path keeps that state in L1 and spends three loads and two stores (stats) or
+// three extra loads (apply) per vector of x, which made a cache-resident batch norm
+// load/store-bound.
 //   stats  Welford's update per column on x - shift (shift = the replica's first value);
 //          (mean, M2) of the slice to the double workspace; cpu_norm.cc merges them per group.
 //          Traffic: read x.
@@ -89,11 +90,10 @@ JAXDNN_ALWAYS_INLINE bool with_narrow(const Tile& t, Fn&& fn) {
 }
 static_assert(kRegVecs == 8, "with_narrow dispatches NV = 1..8");
 
-// The register path walks a tile's rows once per block of at most kRegBlock vectors: three
-// state vectors each (Welford's shift, mean, M2, or the apply coefficients) stay in 12 of
-// AVX2's 16 ymm registers. With all 8 vectors of a 64-column float tile at once (24 state
-// vectors), GCC kept the state on the stack and the apply loop loaded four vectors per vector
-// of x: 25-30% slower than a plain loop from L3 (one thread, batch_norm_inference 8x56x56x64).
+// The stats pass's register path walks a tile's rows once per block of at most kRegBlock
+// vectors: three state vectors each (Welford's shift, mean, M2) stay in 12 of AVX2's 16 ymm
+// registers. With all 8 vectors of a 64-column float tile at once (24 state vectors), GCC kept
+// the state on the stack.
 constexpr int kRegBlock = 4;
 static_assert(kRegVecs <= 2 * kRegBlock, "for_reg_blocks makes at most two blocks");
 
@@ -229,26 +229,31 @@ JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu
   }
 }
 
-// Register path of the apply pass: the coefficients of a register block of NB vectors (from
-// vector k0) in registers.
-template <int NB, typename T>
-JAXDNN_ALWAYS_INLINE void column_apply_block(const FwdView<T>& v, const Tile& t, const S<T>* mu,
-                                             const S<T>* gg, const S<T>* bb, int k0) {
+// Register path of the apply pass, four rows per step: each vector's coefficients are loaded
+// once per step (1.75 loads per vector of x) and the step reads 4 consecutive rows. One
+// thread, batch_norm_inference 8x56x56x64 float32 (dev/cpu_norm_bench.cc, against a plain loop
+// y = x*g + h): 1.15-1.20x its time, against 1.26-1.36 with all coefficients in registers and
+// every row walked once per 4-vector block, and 1.45-1.53 when all 8 vectors' coefficients
+// (24 ymm) went to the stack.
+template <int NV, typename T>
+JAXDNN_ALWAYS_INLINE void column_apply_narrow(const FwdView<T>& v, const Tile& t, const S<T>* mu,
+                                             const S<T>* gg, const S<T>* bb) {
   constexpr int N = Lanes<T>::kN;
-  V<T> m[NB], g[NB], b[NB];
+  const int64_t CK = v.s.CK();
+  const T* x = v.x + row_offset(v.s, t, t.a0);
+  T* y = v.y + row_offset(v.s, t, t.a0);
+  auto step = [&](auto rows) JAXDNN_INLINE_LAMBDA {  // rows x, y from x, y
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; ++k) {
+      const V<T> m = vload(mu + k * N), g = vload(gg + k * N), b = vload(bb + k * N);
 #pragma GCC unroll 4
-  for (int k = 0; k < NB; ++k) {
-    m[k] = vload(mu + (k0 + k) * N);
-    g[k] = vload(gg + (k0 + k) * N);
-    b[k] = vload(bb + (k0 + k) * N);
-  }
-  const int64_t row0 = row_offset(v.s, t, t.a0) + k0 * N, CK = v.s.CK();
-  const T* x = v.x + row0;
-  T* y = v.y + row0;
-  for (int64_t a = t.a0; a < t.a1; ++a, x += CK, y += CK) {
-#pragma GCC unroll 4
-    for (int k = 0; k < NB; ++k) vstore(y + k * N, (vload(x + k * N) - m[k]) * g[k] + b[k]);
-  }
+      for (int r = 0; r < decltype(rows)::value; ++r)
+        vstore(y + r * CK + k * N, (vload(x + r * CK + k * N) - m) * g + b);
+    }
+  };
+  int64_t a = t.a0;
+  for (; a + 4 <= t.a1; a += 4, x += 4 * CK, y += 4 * CK) step(std::integral_constant<int, 4>{});
+  for (; a < t.a1; ++a, x += CK, y += CK) step(std::integral_constant<int, 1>{});
 }
 
 // buf holds 3*R*w coefficients.
@@ -265,9 +270,7 @@ JAXDNN_ALWAYS_INLINE void column_apply_tile(const FwdView<T>& v, const Tile& t, 
     bb[j] = v.bias[affine + j];
   }
   if (with_narrow<T>(t, [&](auto nv) JAXDNN_INLINE_LAMBDA {
-        for_reg_blocks<decltype(nv)::value>([&](auto nb, int k0) JAXDNN_INLINE_LAMBDA {
-          column_apply_block<decltype(nb)::value>(v, t, mu, gg, bb, k0);
-        });
+        column_apply_narrow<decltype(nv)::value>(v, t, mu, gg, bb);
       }))
     return;
   for (S<T>* c : {mu, gg, bb}) replicate<T>(c, t);
