@@ -2,14 +2,14 @@
 // launch and access shape reads, and reads + writes y = a*x + b, fastest? Phase 1 of the fused
 // norm forward is such a read stream and phase 3 such a read + write stream, each a loop in one
 // resident 512-thread block per SM; XLA's two kernels are flat grids.
-//   nvcc -std=c++17 -O3 -I. -arch=sm_90 -o /tmp/copy_probe dev/copy_probe.cu && /tmp/copy_probe
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -I. -arch=sm_90 -o /tmp/p dev/copy_probe.cu
 // Median of 20 back-to-back runs each:
 //   read + write:
 //     memcpy         cudaMemcpyAsync device to device
 //     flat U         one 256-thread block per U*4 KB, each thread U 16-byte packs a block apart
 //     ring ...       one block per SM (T threads, or 4 blocks of 256), each streaming its
-//                    contiguous share (or, "inter", 8 KB steps dealt round-robin) through a
-//                    per-thread cp.async ring (fused phase 3's loop)
+//                    contiguous share (or, "inter", 8 KB steps dealt round-robin) through the
+//                    library's per-thread cp.async ring (ring_stream, fused phase 3's loop)
 //     claim window   the same blocks, warps claiming 8 KB chunks in address order (atomicAdd)
 //     regs ...       T-thread blocks, contiguous shares, batches of U register loads
 //   two kernels: a ring read (K1) then a flat apply (K2), per pair and alone;
@@ -25,9 +25,8 @@
 #include <vector>
 
 #include "cc/common/cuda_async.h"
+#include "cc/norm/cuda_kernels.cuh"
 #include "dev/event_timing.cuh"
-
-namespace cuda = jaxdnn::cuda;
 
 __device__ __forceinline__ uint4 axpb(uint4 v) {
   float4 f = *reinterpret_cast<float4*>(&v);
@@ -68,18 +67,12 @@ __global__ void __launch_bounds__(T, 1)
   const int64_t G = gridDim.x, b = blockIdx.x, per = (steps + G - 1) / G;
   const int64_t n = inter ? (steps - b + G - 1) / G
                           : max(int64_t(0), min(steps, b * per + per) - b * per);
-  auto step = [&](int64_t q) { return inter ? b + q * G : b * per + q; };
-  auto issue = [&](int64_t q) {
-    if (q < n) cuda::cp_async16(&slots[q % kRing * T + threadIdx.x], x + step(q) * T + threadIdx.x);
-    cuda::cp_async_commit();
-  };
+  auto at = [&](int64_t q) { return (inter ? b + q * G : b * per + q) * T + threadIdx.x; };
   float4 acc = {0, 0, 0, 0};
-  for (int q = 0; q < kRing - 1; ++q) issue(q);
-  for (int64_t q = 0; q < n; ++q) {
-    cuda::cp_async_wait<kRing - 2>();
-    consume<kWrite>(slots[q % kRing * T + threadIdx.x], y, step(q) * T + threadIdx.x, acc);
-    issue(q + kRing - 1);
-  }
+  jaxdnn::norm::cuda_impl::ring_stream<kRing, uint4>(
+      n, [&](int64_t q) { return x + at(q); },
+      [&](int k) { return &slots[k * T + threadIdx.x]; },
+      [&](int64_t q, const uint4& v) { consume<kWrite>(v, y, at(q), acc); });
   if (!kWrite && acc.x == 1234.5f) reinterpret_cast<float4*>(y)[b * T + threadIdx.x] = acc;
 }
 
@@ -132,20 +125,20 @@ __global__ void __launch_bounds__(512, 1)
     }
     const int64_t ch = log[warp][c % 4];
     if (ch < chunks)
-      cuda::cp_async16(&slots[q % kClaimRing * 512 + threadIdx.x],
+      jaxdnn::cuda::cp_async16(&slots[q % kClaimRing * 512 + threadIdx.x],
                        x + ch * kChunkPacks + r * 32 + lane);
-    cuda::cp_async_commit();
+    jaxdnn::cuda::cp_async_commit();
   };
   for (int q = 0; q < kClaimRing - 1; ++q) issue(q);
   for (int64_t q = 0;; ++q) {
     const int64_t ch = log[warp][q / kChunkSteps % 4];
     if (ch >= chunks) break;
-    cuda::cp_async_wait<kClaimRing - 2>();
+    jaxdnn::cuda::cp_async_wait<kClaimRing - 2>();
     const uint4 v = slots[q % kClaimRing * 512 + threadIdx.x];
     y[ch * kChunkPacks + q % kChunkSteps * 32 + lane] = axpb(v);
     issue(q + kClaimRing - 1);
   }
-  cuda::cp_async_wait_all();
+  jaxdnn::cuda::cp_async_wait_all();
   if (lane == 0 && atomicAdd(counter + 1, 1ull) == gridDim.x * 16ull - 1) {
     __threadfence();
     counter[0] = 0;

@@ -232,7 +232,7 @@ JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu
 // Register path of the apply pass, four rows per step: each vector's coefficients are loaded
 // once per step (1.75 loads per vector of x) and the step reads 4 consecutive rows. One
 // thread, batch_norm_inference 8x56x56x64 float32 (dev/cpu_norm_bench.cc, against a plain loop
-// y = x*g + h): 1.15-1.20x its time, against 1.26-1.36 with all coefficients in registers and
+// y = x*g + h): 1.10-1.20x its time, against 1.26-1.36 with all coefficients in registers and
 // every row walked once per 4-vector block, and 1.45-1.53 when all 8 vectors' coefficients
 // (24 ymm) went to the stack.
 template <int NV, typename T>
