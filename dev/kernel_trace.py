@@ -9,7 +9,8 @@ per op. Wall minus busy is time the GPU sat idle between kernels.
 Cases: the pooling ops of benchmarks/bench_pool.py (forward), the normalization cases of
 benchmarks/bench_norm.py (forward; NCHW ones as group_norm_nchw / batch_norm_nchw), and the
 depthwise layers of the conv table (N=64, 56x56: 3x3 with C=144, 7x7 with C=96) as dw3_fwd,
-dw7_bwd_data, dw7_bwd_filter and so on.
+dw7_bwd_data, dw7_bwd_filter and so on; bn_mix is XLA's batch norm statistics followed by our
+batch_norm_inference (our apply kernel where XLA's elementwise one runs).
 """
 
 from __future__ import annotations
@@ -59,6 +60,22 @@ def norm_case(name, dtype):
     return ours, ref, args
 
 
+def mix_case(name, dtype):
+    """bn_mix: batch_norm NHWC's forward as XLA's statistics (jnp means, as bench_norm's
+    reference) then our batch_norm_inference, against XLA's whole path: our apply kernel in the
+    place of XLA's elementwise kernel, after the same reduction."""
+    del name
+    ours_full, ref, args = norm_case("batch_norm", dtype)
+    del ours_full
+
+    def ours(x, s, b):
+        _, m, v = bench_norm._stats(x, (0, 1, 2))
+        return jaxdnn.batch_norm_inference(x, s, b, m.reshape(-1), v.reshape(-1),
+                                           eps=bench_norm.EPS)
+
+    return ours, ref, args
+
+
 def depthwise_case(name, dtype):
     size, direction = int(name[2]), name[len("dw7_"):]
     rng = np.random.default_rng(0)
@@ -84,7 +101,8 @@ def depthwise_case(name, dtype):
 def make_case(name, dtype):
     """(ours, ref, args) of a case by name: pooling, normalization or depthwise."""
     make = (pool_case if name in bench_pool.OPS else
-            depthwise_case if name[:4] in ("dw3_", "dw7_") else norm_case)
+            depthwise_case if name[:4] in ("dw3_", "dw7_") else
+            mix_case if name == "bn_mix" else norm_case)
     return make(name, dtype)
 
 
