@@ -77,7 +77,8 @@ def softmax():
 
 def norm():
     for dt in DTYPES:
-        for shape, axis in (((3, 5, 7, 12), -1), ((3, 12, 5, 7), 1), ((200, 20), -1)):
+        for shape, axis in (((3, 5, 7, 12), -1), ((3, 12, 5, 7), 1), ((200, 20), -1),
+                            ((2, 12, 24, 32), 1)):
             x, c = rand(shape, dt), shape[axis]
             s, b = rand((c,), dt), rand((c,), dt)
             m, v = rand((c,), jnp.float32), jnp.abs(rand((c,), jnp.float32)) + 0.5
@@ -97,22 +98,25 @@ def norm():
 
 
 def norm_fused():
-    """The single-pass training forwards (column and segment paths) on tensors larger than the
-    blocks' shared memory holds at once (~26 MB on an H200) in bfloat16 too, so that every block
-    both keeps chunks on chip and streams the rest back, through phase 3's ring of stash slots
-    (the segment path's 2304-value units give every lane enough of them); forward only."""
+    """The training forwards on tensors larger than the blocks' shared memory holds at once (~26
+    MB on an H200), in bfloat16 too: the single-pass kernels (channels-last, and channels-first
+    16x16 images), every block both keeping rows on chip and streaming the rest back through
+    phase 3's ring of stash slots, and the split forward (channels-first 96x96 images, several
+    pieces per segment); forward only."""
     cases = (("batch_norm NHWC", (32, 96, 96, 64), lambda x, s, b: jaxdnn.batch_norm(x, s, b)),
              ("batch_norm NCHW", (16, 256, 96, 96),
               lambda x, s, b: jaxdnn.batch_norm(x, s, b, axis=1)),
              ("group_norm NHWC", (16, 96, 96, 256),
               lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=32)),
              ("group_norm NCHW", (16, 256, 96, 96),
-              lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=32, layout="NCHW")))
+              lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=32, layout="NCHW")),
+             ("batch_norm NCHW", (128, 256, 16, 16),
+              lambda x, s, b: jaxdnn.batch_norm(x, s, b, axis=1)))
     for dt in DTYPES:
         for name, shape, fn in cases:
             c = shape[1] if "NCHW" in name else shape[-1]
             x, s, b = rand(shape, dt), rand((c,), dt), rand((c,), dt)
-            finite(f"{name} {shape} {dt.__name__} (single pass)", jax.jit(fn)(x, s, b))
+            finite(f"{name} {shape} {dt.__name__} (training forward)", jax.jit(fn)(x, s, b))
 
 
 def pool():

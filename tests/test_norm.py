@@ -77,16 +77,19 @@ LAYER = [layer_case(op, s, ax) for op in ("layer_norm", "rms_norm") for s, ax in
     ((5, 7, 33), -1), ((3, 1) if op == "layer_norm" else (3, 1, 4), -1), ((4, 1000), -1),
     ((3, 4096), -1), ((2, 6, 5), (1, 2)), ((6, 5, 4), 0), ((2, 40003), -1)]]
 # (Rows or segments of a multiple of 16 bytes, e.g. (4, 6, 5, 16) and (2, 16, 8, 8) on axis 1,
-# take the single-pass CUDA forward; the others its three-pass fallback. 16, 64 and 96
-# channels also cover the CPU column path's register kernels at several widths.)
+# take the single-pass CUDA forward; channels-first segments of at least 512 values, e.g.
+# (3, 5, 16, 40) on axis 1, its split forward (statistics, table, flat apply); the others its
+# three-pass fallback. 16, 64 and 96 channels also cover the CPU column path's register kernels
+# at several widths.)
 BATCH = [batch_case(s, ax) for s, ax in [
     ((4, 5, 6, 3), -1), ((4, 3, 5, 6), 1), ((7, 5), -1), ((3, 1000, 7), -1), ((1, 1, 1, 3), -1),
     ((2, 3, 4, 5, 2), -1), ((3, 2, 5, 3, 4), 1), ((2, 3, 1037), 1), ((4, 6, 5, 16), -1),
-    ((2, 16, 8, 8), 1), ((3, 5, 7, 64), -1), ((2, 3, 5, 96), -1)]]
+    ((2, 16, 8, 8), 1), ((3, 5, 7, 64), -1), ((2, 3, 5, 96), -1), ((3, 5, 16, 40), 1)]]
 GROUP = [group_case(s, g, lay) for s, g, lay in [
     ((2, 5, 6, 8), 4, None), ((2, 8, 5, 6), 4, "NCHW"), ((3, 5, 6), 6, "NWC"),
     ((3, 6, 5), 3, "NCW"), ((2, 4, 3, 5, 6), 1, "NCDHW"), ((4, 12), 3, "NC"),
-    ((2, 3, 3, 2, 8), 8, "NDHWC"), ((1, 33, 2), 2, None), ((2, 16, 8, 8), 4, "NCHW")]]
+    ((2, 3, 3, 2, 8), 8, "NDHWC"), ((1, 33, 2), 2, None), ((2, 16, 8, 8), 4, "NCHW"),
+    ((2, 12, 16, 36), 4, "NCHW")]]
 CASES = LAYER + BATCH + GROUP
 # Forward only: one value per channel (variance 0, so rstd = 1/sqrt(eps) and every gradient
 # term is a cancellation of values ~300x larger than the result).
@@ -198,18 +201,20 @@ def _check_forward(case, dtype, args, out):
     assert_close(y, ref_y, dtype, what="y")
 
 
-# The single-pass CUDA forward on tensors larger than what the blocks stash in shared memory
-# (~27 MB on an H200), so that each block both stashes rows and re-reads streamed ones, with
-# several row slices per (sample, column tile) and several pieces per segment, long enough
-# (2304 values) that phase 3 streams them through its ring of stash slots (at least 16 chunks
-# per lane in float32, 8 in bfloat16); its results are bitwise identical from run to run.
+# The CUDA training forwards on tensors larger than the L2 and what the single-pass kernels
+# stash in shared memory (~27 MB on an H200). Channels-last: the single-pass kernel, each block
+# both stashing rows and re-reading streamed ones, several row slices per (sample, column tile).
+# Channels-first with 9216-value segments: the split forward, several pieces per segment; with
+# 256-value segments (16x16 images): the single-pass kernel. Results are bitwise identical from
+# run to run.
 LARGE = [batch_case((16, 64, 64, 256)), batch_case((16, 256, 96, 96), 1),
-         group_case((8, 64, 64, 256), 32), group_case((16, 256, 96, 96), 32, "NCHW")]
+         group_case((8, 64, 64, 256), 32), group_case((16, 256, 96, 96), 32, "NCHW"),
+         batch_case((128, 256, 16, 16), 1)]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("case", LARGE, ids=repr)
-def test_single_pass_forward_large(case, dtype):
+def test_training_forward_large(case, dtype):
     device("gpu")  # skips without a GPU
     x, s, b = _inputs(case, dtype)
     args = on("gpu", x, s, b)
@@ -296,7 +301,7 @@ def test_batch_norm_inference(shape, axis, dtype, platform):
 NUMERIC_CASES = [layer_case("layer_norm", (4, 37)), layer_case("rms_norm", (4, 37)),
                  layer_case("layer_norm", (3, 2500)), batch_case((40, 5)),
                  batch_case((3, 4, 37), 1), group_case((2, 6, 4), 2),
-                 group_case((2, 4, 6), 2, "NCW")]
+                 group_case((2, 4, 6), 2, "NCW"), batch_case((2, 3, 768), 1)]
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -337,7 +342,8 @@ def test_constant_groups(case, dtype, platform):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("case", [layer_case("layer_norm", (3, 5000)), batch_case((3000, 4)),
                                   batch_case((4, 3, 777), 1), group_case((2, 300, 8), 2),
-                                  group_case((2, 8, 300), 4, "NCW")], ids=repr)
+                                  group_case((2, 8, 300), 4, "NCW"),
+                                  batch_case((4, 3, 1024), 1)], ids=repr)
 def test_large_offset(case, dtype, platform):
     """Mean 1e4, unit spread. E[x^2] - E[x]^2 in float32 would lose every digit of the
     variance (its rounding error is ~1e8 * 6e-8 = 6 against a variance of 1); the one-pass

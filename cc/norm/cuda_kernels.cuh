@@ -267,6 +267,7 @@ struct Fwd {
   A<D>* var;
   double* ws0;  // partial means (column and segment paths)
   double* ws1;  // partial M2
+  A<D>* table;  // segment path, split forward: (segments, 4) coefficients (norm.h)
 };
 
 template <typename D>
@@ -285,6 +286,17 @@ struct Bwd {
   A<D>* ws1;   // partial sums of dy
   A<D>* coef;  // (P, C, 2)
 };
+
+// VEC accumulators at p (16-byte aligned; VEC*sizeof(Acc) a multiple of 16) in 16-byte words.
+template <typename Acc, int VEC>
+__device__ __forceinline__ void load_words(const Acc* p, Acc (&out)[VEC]) {
+  static_assert(VEC * sizeof(Acc) % 16 == 0, "whole 16-byte words");
+#pragma unroll
+  for (int k = 0; k < int(VEC * sizeof(Acc) / 16); ++k) {
+    const uint4 w = reinterpret_cast<const uint4*>(p)[k];
+    memcpy(out + k * int(16 / sizeof(Acc)), &w, 16);
+  }
+}
 
 // ---- Single-pass training forward (see the top of this file) --------------------------------
 
@@ -338,13 +350,15 @@ __device__ __forceinline__ void ring_stream(int64_t n, Src src, Slot slot, F f) 
 // group (groups strided over every team of the grid). part(g, i, &idx) returns the value count of
 // partial i of group g and sets its workspace index; a team's threads take i = rank, rank +
 // 32*team, ... in order (Chan's update in double), then a shuffle tree per warp and one across
-// the team's warps; its first thread writes mean and var. A team is as many warps (a power of
-// two, at most a block) as still gives every group its own team: with one warp per group, 64
-// groups of 256 partials (batch_norm NCHW) kept 64 of the grid's 2112 warps busy through 8
-// dependent loads and Chan updates each, and the merge took ~12 us between the grid barriers.
+// the team's warps; every lane of the team's first warp then calls done(g, mean, var, lane)
+// (by default lane 0 writes mean and var). A team is as many warps (a power of two, at most a
+// block) as still gives every group its own team: with one warp per group, 64 groups of 256
+// partials (batch_norm NCHW) kept 64 of the grid's 2112 warps busy through 8 dependent loads and
+// Chan updates each, and the merge took ~12 us between the grid barriers.
 // Every thread of the block calls it (it synchronises when a team spans several warps).
-template <typename D, typename Part>
-__device__ __forceinline__ void merge_groups(const Fwd<D>& f, int64_t parts, Part part) {
+template <typename D, typename Part, typename Done>
+__device__ __forceinline__ void merge_groups(const Fwd<D>& f, int64_t parts, Part part,
+                                             Done done) {
   __shared__ Moments<double> warp_moments[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int64_t groups = f.s.groups();
@@ -369,11 +383,20 @@ __device__ __forceinline__ void merge_groups(const Fwd<D>& f, int64_t parts, Par
         m = warp_merge(lane < team ? warp_moments[warp + lane] : Moments<double>{0, 0, 0});
       __syncthreads();  // warp_moments is reused by the next round
     }
-    if (g < groups && warp % team == 0 && lane == 0) {
-      f.mean[g] = A<D>(m.mean);
-      f.var[g] = A<D>(m.m2 / m.n);
+    if (warp % team == 0) {  // the team's first warp: lane 0's merge to every lane
+      const double mean = __shfl_sync(~0u, m.mean, 0), var = __shfl_sync(~0u, m.m2 / m.n, 0);
+      if (g < groups) done(g, A<D>(mean), A<D>(var), lane);
     }
   }
+}
+template <typename D, typename Part>
+__device__ __forceinline__ void merge_groups(const Fwd<D>& f, int64_t parts, Part part) {
+  merge_groups(f, parts, part, [&](int64_t g, A<D> mean, A<D> var, int lane) {
+    if (lane == 0) {
+      f.mean[g] = mean;
+      f.var[g] = var;
+    }
+  });
 }
 
 // What the GPU holds of a fused kernel at once: co-resident blocks (0: no cooperative launch
@@ -447,6 +470,8 @@ Status launch_cooperative(void (*kernel)(Params...), int64_t grid, int64_t smem,
 // not qualify: rows / segments not 16-byte vectors, or more groups of rows than resident blocks.
 template <typename D> Status column_fused(const Fwd<D>& f, cudaStream_t st, bool* ran);
 template <typename D> Status segment_fused(const Fwd<D>& f, cudaStream_t st, bool* ran);
+// The segment path's split training forward (cuda_segment.cu), where it applies (*ran).
+template <typename D> Status segment_split(const Fwd<D>& f, cudaStream_t st, bool* ran);
 
 template <typename D> Status row_forward(const Fwd<D>& f, cudaStream_t st);
 template <typename D> Status row_backward(const Bwd<D>& b, int64_t slices, cudaStream_t st);

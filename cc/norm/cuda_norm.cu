@@ -1,5 +1,6 @@
 // CUDA norm entry points: pick the path (norm.h), enqueue its passes, and merge the partials.
-// Training forward of the column and segment paths: the single-pass cooperative kernel
+// Training forward of the column and segment paths: on the segment path the split forward
+// (cuda_segment.cu) where it applies, then the single-pass cooperative kernel
 // (cuda_kernels.cuh) where it applies, else three passes: stats, merge, apply.
 //
 // Merge kernels (fixed combination order, so results are bitwise reproducible):
@@ -141,11 +142,16 @@ Status memset_bytes(void* p, int value, int64_t bytes, cudaStream_t st) {
   return Status::Ok();
 }
 
-// The single-pass training forward where it applies, unless JAXDNN_NORM_NO_FUSED=1 (benchmarks
-// compare it with the three passes: stats, merge, apply).
+// The split and single-pass training forwards where they apply, unless JAXDNN_NORM_NO_FUSED=1
+// (the three passes: stats, merge, apply); JAXDNN_NORM_NO_SPLIT=1 leaves out the split one.
+// Benchmarks compare them so.
 bool use_fused() {
   static const bool off = env_switch("JAXDNN_NORM_NO_FUSED") == '1';
   return !off;
+}
+bool use_split() {
+  static const bool off = env_switch("JAXDNN_NORM_NO_SPLIT") == '1';
+  return use_fused() && !off;
 }
 
 template <typename D>
@@ -155,7 +161,8 @@ Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_
   const Fwd<D> f{p.s, p.centered, training, Acc(p.eps), static_cast<const D*>(b.x),
                  static_cast<const Acc*>(b.scale), static_cast<const Acc*>(b.bias),
                  static_cast<D*>(b.y), static_cast<Acc*>(b.mean), static_cast<Acc*>(b.var),
-                 ws, ws ? ws + fwd_partials(p.s) : nullptr};
+                 ws, ws ? ws + fwd_partials(p.s) : nullptr,
+                 ws ? reinterpret_cast<Acc*>(ws + 2 * fwd_partials(p.s)) : nullptr};
   if (p.s.elems() == 0) {  // empty groups: NaN statistics (0xFF bytes are NaN)
     if (!training) return Status::Ok();
     return run_steps([&] { return memset_bytes(f.mean, 0xFF, p.s.groups() * sizeof(Acc), st); },
@@ -175,9 +182,12 @@ Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_
     }
     case Path::kSegment: {
       if (!training) return segment_apply(f, st);
-      bool fused = false;
+      bool ran = false;
+      if (use_split()) {
+        if (Status s = segment_split(f, st, &ran); !s.ok() || ran) return s;
+      }
       if (use_fused()) {
-        if (Status s = segment_fused(f, st, &fused); !s.ok() || fused) return s;
+        if (Status s = segment_fused(f, st, &ran); !s.ok() || ran) return s;
       }
       return run_steps([&] { return segment_stats(f, st); }, [&] { return merge_stats(f, st); },
                        [&] { return segment_apply(f, st); });

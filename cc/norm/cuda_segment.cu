@@ -240,6 +240,33 @@ struct SegmentUnits {
   }
 };
 
+// merge_groups' partials of group (p, c): the units of its A*K segments; partial i is piece
+// q = i % pieces of segment k = i / pieces % K of sample row a = i / (pieces*K). I: the index
+// type of the divisions, 32-bit where the launcher has checked that A*K*pieces and the group
+// count fit (a 64-bit division is a ~100-instruction call; the split forward's merge spent
+// several of them per partial).
+template <typename I>
+struct UnitParts {
+  Shape s;
+  SegmentUnits su;
+  __device__ __forceinline__ double operator()(int64_t grp, int64_t i, int64_t* idx) const {
+    const I ii = I(i), g = I(grp), pieces = I(su.pieces), K = I(s.K), C = I(s.C);
+    const I q = ii % pieces, k = ii / pieces % K, a = ii / (pieces * K);
+    const int64_t r = ((int64_t(g / C) * s.A + a) * s.C + g % C) * s.K + k;
+    *idx = r * su.pieces + q;
+    return double(su.size(*idx));
+  }
+};
+
+// Partial u from the lanes' moments m of x - shift: warp-merged, lane 0 writes it. Every lane
+// of the warp calls it.
+template <typename D>
+__device__ __forceinline__ void store_unit(const Fwd<D>& f, int64_t u, A<D> shift,
+                                           Moments<A<D>> m, int lane) {
+  m = warp_merge(m);
+  if (lane == 0) store_partial(f.ws0, f.ws1, u, shift, m.n, m.mean, m.m2, f.centered);
+}
+
 // Phase 3's streamed chunks in flight per lane (+ 1): a 16-bit type's unit of the benchmark's
 // batch_norm gives each lane only 12 chunks.
 template <typename D>
@@ -294,19 +321,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     if (c.split < c.count) cuda::cp_async_wait_all();
     batched<kFusedInFlight, false>(
         c.split, c.count, [&](int64_t i) { return Pk::load(stash + (c.at(i) - kept)); }, add);
-    m = warp_merge(m);
-    if (lane == 0) store_partial(f.ws0, f.ws1, u, shift, m.n, m.mean, m.m2, f.centered);
+    store_unit(f, u, shift, m, lane);
   }
   JAXDNN_NORM_PHASE(1);
   grid_sync();
 
   // Phase 2: group (p, c) merges the units of its A*K segments.
-  merge_groups(f, s.A * s.K * su.pieces, [&](int64_t grp, int64_t i, int64_t* idx) {
-    const int64_t q = i % su.pieces, k = i / su.pieces % s.K, a = i / (su.pieces * s.K);
-    const int64_t r = ((grp / s.C * s.A + a) * s.C + grp % s.C) * s.K + k;
-    *idx = r * su.pieces + q;
-    return double(su.size(*idx));
-  });
+  merge_groups(f, s.A * s.K * su.pieces, UnitParts<int64_t>{s, su});
   grid_sync();
   JAXDNN_NORM_PHASE(2);
 
@@ -342,6 +363,98 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     }
   }
   JAXDNN_NORM_PHASE(3);
+}
+
+// Split training forward (three regular launches; segment_split):
+// 1. segment_unit_stats: warp w of block b takes unit u = b*8 + w (the fused kernel's phase 1
+//    without the stash): its lanes' batched Welford moments over the unit's chunks,
+//    kFusedInFlight 16-byte loads in flight per lane, warp-merged into partial u. A multi-wave
+//    grid of short-lived warps with no block barrier: the three-pass stats kernel, one segment
+//    per block reduced across the block, read group_norm NCHW 32x256x56x56 at 1.9 TB/s.
+template <typename D, int VEC>
+__global__ void __launch_bounds__(kThreads, 4)
+    segment_unit_stats_kernel(Fwd<D> f, SegmentUnits su) {
+  using Acc = A<D>;
+  using Pk = PackOf<D, VEC>;
+  const int lane = threadIdx.x % 32;
+  const int64_t u = blockIdx.x * int64_t(kThreads / 32) + threadIdx.x / 32;
+  if (u >= su.units) return;  // the warp's lanes alike
+  const D* const x = f.x + su.begin(u);
+  const Acc shift = f.centered ? to_acc(x[0]) : Acc(0);
+  const LaneChunks<VEC> lc(su.size(u), lane, 32);
+  Moments<Acc> m{0, 0, 0};
+  batched<kFusedInFlight, false>(
+      0, lc.count, [&](int64_t i) { return Pk::load(x + lc.at(i)); },
+      [&](int64_t, const auto& v, int count) {
+        add_values<D, VEC, kFusedInFlight>(m, v, count, shift);
+      });
+  store_unit(f, u, shift, m, lane);
+}
+
+// 2. segment_table_merge: each group's units merged (merge_groups), its team's first warp
+//    writing mean, var and the table row (mean, rstd*scale, bias) of each of its A*K segments.
+template <typename D>
+__global__ void __launch_bounds__(kFusedThreads)
+    segment_table_merge_kernel(Fwd<D> f, SegmentUnits su) {
+  using Acc = A<D>;
+  const Shape& s = f.s;
+  merge_groups(f, s.A * s.K * su.pieces, UnitParts<unsigned>{s, su},
+               [&](int64_t grp, Acc mean, Acc var, int lane) {
+                 if (lane == 0) {
+                   f.mean[grp] = mean;
+                   f.var[grp] = var;
+                 }
+                 const int64_t p = grp / s.C, c = grp % s.C;
+                 const Acc* const scale = f.scale + (p / s.Pq() * s.C + c) * s.K;
+                 const Acc* const bias = f.bias + (p / s.Pq() * s.C + c) * s.K;
+                 Acc* const rows = f.table + 4 * ((p * s.A * s.C + c) * s.K);  // (a, k) = (0, 0)
+                 const Acc rstd = rstd_of<D>(var, f.eps);
+                 const unsigned K = unsigned(s.K);
+                 for (unsigned i = lane; i < unsigned(s.A) * K; i += 32) {
+                   const unsigned a = i / K, k = i % K;
+                   Acc* const row = rows + 4 * (int64_t(a) * s.C * s.K + k);
+                   row[0] = mean;
+                   row[1] = rstd * scale[k];
+                   row[2] = bias[k];
+                 }
+               });
+}
+
+// 3. segment_table_apply: y = (x - mean)*g + b, one 16-byte pack per thread (the activations'
+//    flat grid, which streams at the copy rate where one-wave loops do not), blocks in reverse
+//    (the first ones read what the statistics pass left in L2); the pack's segment's row of the
+//    table in one or two 16-byte loads. packs < 2^31.
+template <typename D, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    segment_table_apply_kernel(Fwd<D> f, unsigned packs, unsigned seg_packs) {
+  using Acc = A<D>;
+  const unsigned i = (gridDim.x - 1 - blockIdx.x) * unsigned(kThreads) + threadIdx.x;
+  if (i >= packs) return;
+  Acc row[4];
+  load_words(f.table + 4 * int64_t(i / seg_packs), row);
+  const int64_t at = int64_t(i) * VEC;
+  Acc out[VEC];
+  PackOf<D, VEC>::load(f.x + at).unpack(out);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) out[e] = (out[e] - row[0]) * row[1] + row[2];
+  store_vals<D, VEC>(f.y + at, out);
+}
+
+SegmentUnits segment_units(const Shape& s) {
+  return SegmentUnits{s.T, segment_piece_len(s), segment_pieces(s),
+                      s.P * s.A * s.C * s.K * segment_pieces(s)};
+}
+
+// The split forward's units: whole segments, or, when there are fewer segments than warps in one
+// wave of the statistics kernel (wave_warps), as many equal pieces of each as still give every
+// warp of the wave a unit, never more than the workspace holds (segment_pieces). The statistics
+// kernel took as long so as with the fused kernel's ~16K units (H200, batch_norm NCHW f32 56.7
+// us both, group_norm 33.8 against 33.2), and the merge has fewer partials.
+SegmentUnits split_units(const Shape& s, int64_t wave_warps) {
+  const int64_t segs = s.P * s.A * s.C * s.K;
+  const int64_t want = std::min(segment_pieces(s), std::max<int64_t>(1, wave_warps / segs));
+  const int64_t len = ((s.T + want - 1) / want + 7) / 8 * 8, pieces = (s.T + len - 1) / len;
+  return SegmentUnits{s.T, len, pieces, segs * pieces};
 }
 
 SegmentGrid segment_grid(const Shape& s, int vec) {
@@ -414,12 +527,44 @@ Status segment_fused(const Fwd<D>& f, cudaStream_t st, bool* ran) {
   FusedCapacity cap;
   Status status = fused_capacity<kernel>(&cap);
   if (!status.ok() || cap.blocks == 0) return status;
-  const SegmentUnits su{s.T, segment_piece_len(s), segment_pieces(s),
-                        s.P * s.A * s.C * s.K * segment_pieces(s)};
+  const SegmentUnits su = segment_units(s);
   *ran = true;
   return launch_cooperative(kernel, std::min(cap.blocks, su.units), cap.stash_bytes, st,
                             "norm segment_fused_kernel", f, su,
                             cap.stash_bytes / int64_t(sizeof(D)));
+}
+
+template <typename D>
+Status segment_split(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+  constexpr int N = Vec<D>::kN;
+  const Shape& s = f.s;
+  *ran = false;
+  const int64_t packs = s.elems() / N;
+  if (!segment_split_shape(s) || s.T % N != 0 || packs >= (int64_t(1) << 31) ||
+      !cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
+    return Status::Ok();
+  constexpr auto stats = segment_unit_stats_kernel<D, N>;
+  constexpr int64_t kWarps = kThreads / 32, kIndex = int64_t(1) << 31;
+  const SegmentUnits su =
+      split_units(s, kWarps * cuda::resident_grid<stats, kThreads>(int64_t(1) << 40));
+  if (s.A * s.K * su.pieces >= kIndex || s.groups() >= kIndex) return Status::Ok();  // (merge)
+  *ran = true;
+  stats<<<unsigned((su.units + kWarps - 1) / kWarps), kThreads, 0, st>>>(f, su);
+  Status status = cuda::check_launch("norm segment_unit_stats_kernel");
+  if (!status.ok()) return status;
+  // A team per group of as many warps as give each thread about two partials (a power of two,
+  // at most a block): group_norm's 16 partials per group in a block of 16 warps each took 21
+  // us to merge on an H200, the block's latency chain for a handful of loads.
+  const int64_t parts = s.A * s.K * su.pieces, warps = kFusedThreads / 32;
+  int64_t team = 1;
+  while (team < warps && 64 * team < parts) team *= 2;
+  segment_table_merge_kernel<D>
+      <<<unsigned((s.groups() * team + warps - 1) / warps), kFusedThreads, 0, st>>>(f, su);
+  status = cuda::check_launch("norm segment_table_merge_kernel");
+  if (!status.ok()) return status;
+  segment_table_apply_kernel<D, N><<<unsigned((packs + kThreads - 1) / kThreads), kThreads, 0,
+                                     st>>>(f, unsigned(packs), unsigned(s.T / N));
+  return cuda::check_launch("norm segment_table_apply_kernel");
 }
 
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_stats, Fwd);
@@ -427,5 +572,6 @@ JAXDNN_NORM_CUDA_INSTANTIATE(segment_apply, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_grads, Bwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_dx, Bwd);
 JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_fused);
+JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_split);
 
 }  // namespace jaxdnn::norm::cuda_impl

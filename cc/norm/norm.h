@@ -106,7 +106,8 @@ inline int64_t row_bwd_max_slices(const Shape& s) {
 //   forward:  2 double planes (mean, M2) of (P, S, C, K) partials (double, so that a partial
 //             mean keeps its digits under a large common offset), times segment_pieces(s) on
 //             the segment path (one per piece; the CPU uses one per segment); none on the row
-//             path.
+//             path. Then fwd_table_slots(s) 8-byte slots: the segment path's split forward's
+//             table (mean, rstd*scale, bias, unused) per segment, in the statistics type.
 //   backward, in the statistics type (float, or double for float64 inputs):
 //             row path: 2 planes (sum dy*xhat, sum dy) of (Q, S_b, C, K) partials;
 //             otherwise 2 planes of (P, S, C, K) partials + per-group coefficients (P, C, 2).
@@ -122,7 +123,20 @@ inline int64_t bwd_partials(const Shape& s) {  // elements per backward plane
   return path_of(s) == Path::kRow ? s.Q * row_bwd_max_slices(s) * s.CK()
                                   : s.P * num_slices(s) * s.CK();
 }
-inline int64_t fwd_workspace_bytes(const Shape& s) { return 2 * 8 * fwd_partials(s); }
+// Segment path, split training forward (CUDA, cuda_segment.cu): per-piece statistics, then a
+// (segments, 4) table of each segment's coefficients, then a flat apply. Segments of at least
+// kSplitMinSegment values (so that the table stays small beside x, and a warp's piece gives each
+// lane several 16-byte chunks).
+constexpr int64_t kSplitMinSegment = 512;
+inline bool segment_split_shape(const Shape& s) {
+  return path_of(s) == Path::kSegment && s.T >= kSplitMinSegment;
+}
+inline int64_t fwd_table_slots(const Shape& s) {
+  return segment_split_shape(s) ? 4 * s.P * s.A * s.C * s.K : 0;
+}
+inline int64_t fwd_workspace_bytes(const Shape& s) {
+  return 8 * (2 * fwd_partials(s) + fwd_table_slots(s));
+}
 inline int64_t bwd_workspace_bytes(const Shape& s, DType dtype) {
   const int64_t coef = path_of(s) == Path::kRow ? 0 : 2 * s.groups();
   return (2 * bwd_partials(s) + coef) * (dtype == DType::kF64 ? 8 : 4);
