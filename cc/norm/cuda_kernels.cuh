@@ -9,7 +9,8 @@
 // reduction combines partials in an order that depends only on thread and block indices:
 // results are bitwise reproducible.
 //
-// Training forward of the column and segment paths, single pass (column_fused, segment_fused):
+// Training forward of the column and segment paths, single pass (column_fused, segment_fused;
+// the segment path runs its split forward instead where that applies, cuda_segment.cu):
 // one cooperative launch of as many blocks as the GPU holds at once (one per SM: each takes
 // nearly all of the SM's shared memory), each owning a contiguous slice of the work.
 //   1. The block reads its slice once, accumulating partial statistics into the workspace; the

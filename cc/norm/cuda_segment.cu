@@ -17,6 +17,15 @@
 //          Traffic: read x, dy (and write dx in inference).
 //   dx     training: dx = scale*rstd*dy + (x - mean)*c1 + c2, reverse order.
 //          Traffic: read x, dy, write dx.
+//   split  the training forward where segments have >= kSplitMinSegment values (norm.h), three
+//          launches: per-unit statistics (a warp per unit: a whole segment, or an equal piece of
+//          one when there are fewer segments than warps in a wave), a merge that writes each
+//          segment's (mean, rstd*scale, bias) row of a workspace table, and a flat apply (one
+//          16-byte pack per thread, blocks in reverse). Traffic: read x twice, write y once,
+//          against the fused kernel's once + once + what it re-reads; but the apply is a flat
+//          grid, at 4.2 TB/s where the fused kernel's one-wave phase 3 is not, and the statistics
+//          pass reads at 3.7 (H200, batch_norm NCHW 64x64x112x112 float32: 171 us a call against
+//          179 for the fused kernel, benchmarks/NOTES.md session 20).
 //   fused  the single-pass training forward (cuda_kernels.cuh) over units: piece q of segment r
 //          (segment_piece_len(s) values, norm.h), unit u = r*pieces + q, its partial at index u.
 //          Block b owns a contiguous run of units (so a contiguous slice of x, whose tail is
