@@ -432,7 +432,8 @@ __global__ void __launch_bounds__(kFusedThreads)
 // 3. segment_table_apply: y = (x - mean)*g + b, one 16-byte pack per thread (the activations'
 //    flat grid, which streams at the copy rate where one-wave loops do not), blocks in reverse
 //    (the first ones read what the statistics pass left in L2); the pack's segment's row of the
-//    table in one or two 16-byte loads. packs < 2^31.
+//    table in one or two 16-byte loads. The table has a row per segment although a row depends
+//    only on (p, c, k): the pack's row is then one division away, not three. packs < 2^31.
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads)
     segment_table_apply_kernel(Fwd<D> f, unsigned packs, unsigned seg_packs) {
