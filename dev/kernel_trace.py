@@ -5,6 +5,7 @@ time_op measures it), the kernels per op with their mean durations, and the GPU'
 per op. Wall minus busy is time the GPU sat idle between kernels.
 
     PYTHONPATH=. python3 dev/kernel_trace.py maxpool3x3s2:float32 batch_norm:float32 ...
+    PYTHONPATH=. python3 dev/kernel_trace.py --run-only batch_norm:float32  # (under ncu)
 
 Cases: the pooling ops of benchmarks/bench_pool.py (forward), the normalization cases of
 benchmarks/bench_norm.py (forward; NCHW ones as group_norm_nchw / batch_norm_nchw), and the
@@ -129,8 +130,14 @@ def gpu_events(trace_dir):
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") ==
                 "process_name" and "GPU" in str(e.get("args", {}).get("name", ""))}
-    return [(e["name"], float(e["ts"]), float(e["dur"])) for e in events
+    global HOST_EVENTS
+    HOST_EVENTS = [(e["name"], float(e["dur"])) for e in events
+                   if e.get("ph") == "X" and e.get("pid") not in gpu_pids]
+    return [(e["name"], float(e["ts"]), float(e["dur"]), e.get("args", {})) for e in events
             if e.get("ph") == "X" and e.get("pid") in gpu_pids]
+
+
+HOST_EVENTS = []  # (name, dur_us) of the last trace's host-side events
 
 
 def traced(f, args):
@@ -148,18 +155,55 @@ def report(label, f, args):
     events = traced(f, args)
     ops = CALLS * len(args)
     by_name = collections.defaultdict(list)
-    for name, _, dur in events:
+    details = {}
+    for name, _, dur, ev_args in events:
         by_name[name].append(dur)
-    busy = sum(d for _, _, d in events) / ops
-    span = (max(t + d for _, t, d in events) - min(t for _, t, _ in events)) / ops if events else 0
+        details.setdefault(name, ev_args)
+    busy = sum(d for _, _, d, _ in events) / ops
+    span = (max(t + d for _, t, d, _ in events) - min(t for _, t, _, _ in events)) / ops if events else 0
+    # Idle time between consecutive kernels, by (previous, next) kernel: launch gaps inside an
+    # op against the boundaries between ops and between jitted calls.
+    gaps = collections.defaultdict(list)
+    ordered = sorted(events, key=lambda e: e[1])
+    for (n0, t0, d0, _), (n1, t1, _, _) in zip(ordered, ordered[1:]):
+        gaps[(n0[:40], n1[:40])].append(t1 - t0 - d0)
     print(f"  {label}: wall {wall * 1e6:7.1f} us/op   GPU busy {busy:7.1f} us/op   "
           f"first-to-last kernel {span:7.1f} us/op")
     for name, durs in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
         print(f"      {len(durs) / ops:5.2f}/op  {np.mean(durs):8.1f} us  {name[:100]}")
+        info = {k: v for k, v in details[name].items()
+                if k in ("kernel_details", "grid", "block", "registers_per_thread",
+                         "shared_memory", "occupancy") or "grid" in k or "block" in k}
+        print(f"                       {str(info or details[name])[:240]}")
+    per_op = len(ordered) / ops
+    if per_op == int(per_op) and per_op > 0:  # idle time per op: inside ops, between, calls
+        k, per_call = int(per_op), int(per_op) * len(args)
+        where = collections.defaultdict(float)
+        for j, ((_, t0, d0, _), (_, t1, _, _)) in enumerate(zip(ordered, ordered[1:])):
+            kind = ("between calls" if (j + 1) % per_call == 0 else
+                    "between ops" if (j + 1) % k == 0 else "inside an op")
+            where[kind] += (t1 - t0 - d0) / ops
+        print("      idle per op (us): " + ", ".join(f"{w} {v:.2f}" for w, v in where.items()))
+    print("      gaps (us): previous -> next kernel: count/op, mean, max")
+    for (a, b), g in sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:8]:
+        print(f"        {len(g) / ops:5.2f}/op {np.mean(g):7.2f} {np.max(g):8.2f}  {a} -> {b}")
+    host = collections.defaultdict(list)
+    for name, dur in HOST_EVENTS:
+        host[name[:60]].append(dur)
+    print("      host events: count/op, mean us, name (top 10 by total)")
+    for name, durs in sorted(host.items(), key=lambda kv: -sum(kv[1]))[:10]:
+        print(f"        {len(durs) / ops:6.2f}/op {np.mean(durs):8.2f}  {name}")
     return wall, busy
 
 
 def main():
+    if sys.argv[1] == "--run-only":  # ours, a few calls, untraced (for ncu --kernel-name ...)
+        for spec in sys.argv[2:]:
+            ours, _, args = make_case(*spec.split(":"))
+            f = many_fn(ours)
+            for _ in range(3):
+                jax.block_until_ready(f(args))
+        return
     rows = []
     for spec in sys.argv[1:]:
         name, dtype = spec.split(":")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -223,6 +224,31 @@ def test_training_forward_large(case, dtype):
     for u, v in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second)):
         np.testing.assert_array_equal(u, v)
     _check_forward(case, dtype, (x, s, b), first)
+
+
+# On the GPU a training forward that takes the split forward is two custom calls, statistics
+# then apply (jaxdnn/ops/norm.py), one with JAXDNN_NORM_ONE_CALL=1; both run the same kernels,
+# so their results are bitwise equal. (2, 3, 1037): segments of 1037 values are not whole
+# 16-byte vectors, so each half takes its fallback (statistics and merge; the per-segment apply).
+@pytest.mark.parametrize("case", [batch_case((3, 5, 16, 40), 1), batch_case((2, 3, 1037), 1),
+                                  group_case((2, 12, 16, 36), 4, "NCHW")], ids=repr)
+def test_two_call_forward(case, monkeypatch):
+    device("gpu")  # skips without a GPU
+    x, s, b = _inputs(case, jnp.float32)
+    args = on("gpu", x, s, b)
+
+    def run(one_call):
+        with monkeypatch.context() as m:
+            m.setenv("JAXDNN_NORM_ONE_CALL", "1" if one_call else "0")
+            f = jax.jit(lambda *a: case.run(*a))  # a new function: lowered again
+            return re.findall(r"custom_call @(\w+)", f.lower(*args).as_text()), f(*args)
+
+    (two_calls, two), (one_call, one) = run(False), run(True)
+    assert two_calls == ["jaxdnn_norm_fwd_stats", "jaxdnn_norm_fwd_apply"], two_calls
+    assert one_call == ["jaxdnn_norm_fwd"], one_call
+    for u, v in zip(jax.tree_util.tree_leaves(two), jax.tree_util.tree_leaves(one)):
+        np.testing.assert_array_equal(u, v)
+    _check_forward(case, jnp.float32, (x, s, b), two)
 
 
 @functools.cache

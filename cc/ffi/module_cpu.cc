@@ -12,6 +12,13 @@ ffi_util::HandlerList& ffi_util::cpu_handlers() {
   return list;
 }
 
+namespace {
+norm::Shape norm_shape(const std::vector<int64_t>& shape) {  // (P, A, C, K, T, Q)
+  if (shape.size() != 6) throw std::invalid_argument("norm shape needs 6 entries");
+  return norm::Shape{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5]};
+}
+}  // namespace
+
 NB_MODULE(_cpu, m) {
   m.def("registrations", [] { return ffi_util::to_registrations(ffi_util::cpu_handlers()); });
   // Workspace bytes of the norm kernels for a canonical shape (P, A, C, K, T, Q) and the dtype
@@ -19,13 +26,18 @@ NB_MODULE(_cpu, m) {
   m.def(
       "norm_workspace_bytes",
       [](std::string direction, std::vector<int64_t> shape, std::string x_dtype) -> int64_t {
-        if (shape.size() != 6) throw std::invalid_argument("norm shape needs 6 entries");
-        const norm::Shape s{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5]};
+        const norm::Shape s = norm_shape(shape);
         if (direction == "fwd") return norm::fwd_workspace_bytes(s);
         if (direction == "bwd") return norm::bwd_workspace_bytes(s, ffi_util::dtype_from_name(x_dtype));
         throw std::invalid_argument("norm workspace direction must be fwd or bwd");
       },
       nb::arg("direction"), nb::arg("shape"), nb::arg("x_dtype"));
+  // Whether a training forward of this shape takes the segment path's split forward
+  // (cc/norm/norm.h), which the GPU lowering emits as two calls (jaxdnn/ops/norm.py).
+  m.def(
+      "norm_split_forward",
+      [](std::vector<int64_t> shape) { return norm::segment_split_shape(norm_shape(shape)); },
+      nb::arg("shape"));
   // The CPU has one softmax kernel (cc/softmax/cpu_softmax.cc: rows split over the threads);
   // listed so that selection and explain treat every platform alike.
   m.def(

@@ -9,6 +9,10 @@
 //   jaxdnn_norm_bwd        dy, dmean, dvar, x, scale, mean, var -> dx, dscale, dbias, workspace
 //   jaxdnn_norm_infer_bwd  dy, x, scale, mean, var            -> dx, dscale, dbias, dmean, dvar,
 //                                                                workspace
+// CUDA only, the training forward as two calls (the segment path's split forward, so that XLA
+// can schedule its statistics passes apart from its writes; jaxdnn/ops/norm.py):
+//   jaxdnn_norm_fwd_stats  x, scale, bias                     -> mean, var, workspace
+//   jaxdnn_norm_fwd_apply  x, scale, bias, mean, var, workspace -> y
 // Attributes: shape (int64[6]), eps (float32); centered (bool, training targets only: false is
 // RMS norm).
 #pragma once
@@ -78,21 +82,53 @@ inline ffi::Error first_error(std::initializer_list<ffi::Error> errors) {
   return ffi::Error::Success();
 }
 
-// Decoders of the four targets: check every operand and fill the problem and buffers.
+// Decoders of the targets: check every operand and fill the problem and buffers. The training
+// forward, or (y null) the statistics half of the two-call forward.
+inline ffi::Error prepare_norm_fwd(const char* target, const ffi::AnyBuffer& x,
+                                   const ffi::AnyBuffer& scale, const ffi::AnyBuffer& bias,
+                                   ffi::AnyBuffer* y, ffi::AnyBuffer& mean, ffi::AnyBuffer& var,
+                                   ffi::AnyBuffer& ws, I64Span shape, float eps, bool centered,
+                                   norm::Problem* p, norm::FwdBuffers* b) {
+  if (ffi::Error e = decode_norm(target, x, shape, eps, centered, p); e.failure()) return e;
+  const NormCheck c{*p, std::string("jaxdnn ") + target};
+  if (ffi::Error e = first_error({c.affine(scale, "scale"), c.affine(bias, "bias"),
+                                  y ? c.like_x(*y, "y") : ffi::Error::Success(),
+                                  c.stats(mean, "mean"), c.stats(var, "var"),
+                                  c.workspace(ws, norm::fwd_workspace_bytes(p->s))});
+      e.failure())
+    return e;
+  *b = {x.untyped_data(), scale.untyped_data(), bias.untyped_data(),
+        y ? y->untyped_data() : nullptr, mean.untyped_data(), var.untyped_data(),
+        ws.untyped_data()};
+  return ffi::Error::Success();
+}
 inline ffi::Error prepare_norm_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
                                    const ffi::AnyBuffer& bias, ffi::AnyBuffer& y,
                                    ffi::AnyBuffer& mean, ffi::AnyBuffer& var, ffi::AnyBuffer& ws,
                                    I64Span shape, float eps, bool centered,
                                    norm::Problem* p, norm::FwdBuffers* b) {
-  if (ffi::Error e = decode_norm("norm_fwd", x, shape, eps, centered, p); e.failure()) return e;
-  const NormCheck c{*p, "jaxdnn norm_fwd"};
+  return prepare_norm_fwd("norm_fwd", x, scale, bias, &y, mean, var, ws, shape, eps, centered, p,
+                          b);
+}
+
+// The apply half of the two-call forward: the statistics half's mean, var and workspace in.
+inline ffi::Error prepare_norm_fwd_apply(const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
+                                         const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mean,
+                                         const ffi::AnyBuffer& var, const ffi::AnyBuffer& ws,
+                                         ffi::AnyBuffer& y, I64Span shape, float eps,
+                                         bool centered, norm::Problem* p, norm::FwdBuffers* b) {
+  if (ffi::Error e = decode_norm("norm_fwd_apply", x, shape, eps, centered, p); e.failure())
+    return e;
+  const NormCheck c{*p, "jaxdnn norm_fwd_apply"};
   if (ffi::Error e = first_error({c.affine(scale, "scale"), c.affine(bias, "bias"),
-                                  c.like_x(y, "y"), c.stats(mean, "mean"), c.stats(var, "var"),
-                                  c.workspace(ws, norm::fwd_workspace_bytes(p->s))});
+                                  c.stats(mean, "mean"), c.stats(var, "var"),
+                                  c.workspace(ws, norm::fwd_workspace_bytes(p->s)),
+                                  c.like_x(y, "y")});
       e.failure())
     return e;
   *b = {x.untyped_data(), scale.untyped_data(), bias.untyped_data(), y.untyped_data(),
-        mean.untyped_data(), var.untyped_data(), ws.untyped_data()};
+        const_cast<void*>(mean.untyped_data()), const_cast<void*>(var.untyped_data()),
+        const_cast<void*>(ws.untyped_data())};
   return ffi::Error::Success();
 }
 
@@ -182,6 +218,22 @@ auto bind_norm_fwd(B b) {
       .template Arg<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Attr<I64Span>("shape").template Attr<float>("eps").template Attr<bool>("centered");
+}
+template <typename B>
+auto bind_norm_fwd_stats(B b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<I64Span>("shape").template Attr<float>("eps").template Attr<bool>("centered");
+}
+template <typename B>
+auto bind_norm_fwd_apply(B b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
       .template Attr<I64Span>("shape").template Attr<float>("eps").template Attr<bool>("centered");
 }
 template <typename B>

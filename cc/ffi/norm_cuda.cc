@@ -33,6 +33,32 @@ ffi::Error NormFwdCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer sca
   return to_error(norm::cuda_forward(p, b, stream));
 }
 
+ffi::Error NormFwdStatsCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                            ffi::AnyBuffer bias, Ret mean, Ret var, Ret ws, I64Span shape,
+                            float eps, bool centered) {
+  norm::Problem p;
+  norm::FwdBuffers b;
+  if (ffi::Error e = prepare_norm_fwd("norm_fwd_stats", x, scale, bias, nullptr, *mean, *var,
+                                      *ws, shape, eps, centered, &p, &b);
+      e.failure())
+    return e;
+  if (ffi::Error e = poison_all({&mean, &var, &ws}, stream); e.failure()) return e;
+  return to_error(norm::cuda_forward_stats(p, b, stream));
+}
+
+ffi::Error NormFwdApplyCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                            ffi::AnyBuffer bias, ffi::AnyBuffer mean, ffi::AnyBuffer var,
+                            ffi::AnyBuffer ws, Ret y, I64Span shape, float eps, bool centered) {
+  norm::Problem p;
+  norm::FwdBuffers b;
+  if (ffi::Error e = prepare_norm_fwd_apply(x, scale, bias, mean, var, ws, *y, shape, eps,
+                                            centered, &p, &b);
+      e.failure())
+    return e;
+  if (ffi::Error e = poison_all({&y}, stream); e.failure()) return e;
+  return to_error(norm::cuda_forward_apply(p, b, stream));
+}
+
 ffi::Error NormInferCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer scale,
                          ffi::AnyBuffer bias, ffi::AnyBuffer mean, ffi::AnyBuffer var, Ret y,
                          I64Span shape, float eps) {
@@ -81,12 +107,16 @@ ffi::Error NormInferBwdCuda(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuff
                          bind(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()), \
                          {ffi::Traits::kCmdBufferCompatible})
 JAXDNN_NORM_CUDA_HANDLER(kNormFwdCuda, NormFwdCuda, bind_norm_fwd);
+JAXDNN_NORM_CUDA_HANDLER(kNormFwdStatsCuda, NormFwdStatsCuda, bind_norm_fwd_stats);
+JAXDNN_NORM_CUDA_HANDLER(kNormFwdApplyCuda, NormFwdApplyCuda, bind_norm_fwd_apply);
 JAXDNN_NORM_CUDA_HANDLER(kNormInferCuda, NormInferCuda, bind_norm_infer);
 JAXDNN_NORM_CUDA_HANDLER(kNormBwdCuda, NormBwdCuda, bind_norm_bwd);
 JAXDNN_NORM_CUDA_HANDLER(kNormInferBwdCuda, NormInferBwdCuda, bind_norm_infer_bwd);
 #undef JAXDNN_NORM_CUDA_HANDLER
 
 JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_fwd", kNormFwdCuda);
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_fwd_stats", kNormFwdStatsCuda);
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_fwd_apply", kNormFwdApplyCuda);
 JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_infer", kNormInferCuda);
 JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_bwd", kNormBwdCuda);
 JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_infer_bwd", kNormInferBwdCuda);

@@ -471,8 +471,13 @@ Status launch_cooperative(void (*kernel)(Params...), int64_t grid, int64_t smem,
 // not qualify: rows / segments not 16-byte vectors, or more groups of rows than resident blocks.
 template <typename D> Status column_fused(const Fwd<D>& f, cudaStream_t st, bool* ran);
 template <typename D> Status segment_fused(const Fwd<D>& f, cudaStream_t st, bool* ran);
-// The segment path's split training forward (cuda_segment.cu), where it applies (*ran).
+// The segment path's split training forward (cuda_segment.cu), where it applies (*ran): whole,
+// or its statistics half (mean, var and the table) and its apply half (y from the table), which
+// the two-call forward (cuda_forward_stats, cuda_forward_apply) runs as separate XLA calls.
+// The apply half applies wherever the statistics half did and y is aligned.
 template <typename D> Status segment_split(const Fwd<D>& f, cudaStream_t st, bool* ran);
+template <typename D> Status segment_split_stats(const Fwd<D>& f, cudaStream_t st, bool* ran);
+template <typename D> Status segment_split_apply(const Fwd<D>& f, cudaStream_t st, bool* ran);
 
 template <typename D> Status row_forward(const Fwd<D>& f, cudaStream_t st);
 template <typename D> Status row_backward(const Bwd<D>& b, int64_t slices, cudaStream_t st);

@@ -143,8 +143,8 @@ Status memset_bytes(void* p, int value, int64_t bytes, cudaStream_t st) {
 }
 
 // The split and single-pass training forwards where they apply, unless JAXDNN_NORM_NO_FUSED=1
-// (the three passes: stats, merge, apply); JAXDNN_NORM_NO_SPLIT=1 leaves out the split one.
-// Benchmarks compare them so.
+// (the three passes: stats, merge, apply); JAXDNN_NORM_NO_SPLIT=1 leaves out the split one
+// (the two-call forward then runs the three passes). Benchmarks compare them so.
 bool use_fused() {
   static const bool off = env_switch("JAXDNN_NORM_NO_FUSED") == '1';
   return !off;
@@ -154,8 +154,12 @@ bool use_split() {
   return use_fused() && !off;
 }
 
+// What a forward call runs: all of it, or one half of the two-call training forward.
+enum class Half { kAll, kStats, kApply };
+
 template <typename D>
-Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_t st) {
+Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_t st,
+               Half half = Half::kAll) {
   using Acc = A<D>;
   auto* ws = static_cast<double*>(b.ws);
   const Fwd<D> f{p.s, p.centered, training, Acc(p.eps), static_cast<const D*>(b.x),
@@ -163,8 +167,10 @@ Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_
                  static_cast<D*>(b.y), static_cast<Acc*>(b.mean), static_cast<Acc*>(b.var),
                  ws, ws ? ws + fwd_partials(p.s) : nullptr,
                  ws ? reinterpret_cast<Acc*>(ws + 2 * fwd_partials(p.s)) : nullptr};
+  if (half != Half::kAll && (!training || path_of(p.s) != Path::kSegment))
+    return Status::Error("norm: the two-call forward is for training on the segment path");
   if (p.s.elems() == 0) {  // empty groups: NaN statistics (0xFF bytes are NaN)
-    if (!training) return Status::Ok();
+    if (!training || half == Half::kApply) return Status::Ok();
     return run_steps([&] { return memset_bytes(f.mean, 0xFF, p.s.groups() * sizeof(Acc), st); },
                      [&] { return memset_bytes(f.var, 0xFF, p.s.groups() * sizeof(Acc), st); });
   }
@@ -183,6 +189,18 @@ Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_
     case Path::kSegment: {
       if (!training) return segment_apply(f, st);
       bool ran = false;
+      if (half == Half::kStats) {
+        if (use_split()) {
+          if (Status s = segment_split_stats(f, st, &ran); !s.ok() || ran) return s;
+        }
+        return run_steps([&] { return segment_stats(f, st); }, [&] { return merge_stats(f, st); });
+      }
+      if (half == Half::kApply) {
+        if (use_split()) {
+          if (Status s = segment_split_apply(f, st, &ran); !s.ok() || ran) return s;
+        }
+        return segment_apply(f, st);
+      }
       if (use_split()) {
         if (Status s = segment_split(f, st, &ran); !s.ok() || ran) return s;
       }
@@ -263,6 +281,18 @@ Status with_dtype(const Problem& p, const char* what, Fn&& fn) {
 Status cuda_forward(const Problem& p, const FwdBuffers& b, cudaStream_t stream) {
   return cuda_impl::with_dtype(p, "forward", [&](auto tag) {
     return cuda_impl::forward<decltype(tag)>(p, b, /*training=*/true, stream);
+  });
+}
+
+Status cuda_forward_stats(const Problem& p, const FwdBuffers& b, cudaStream_t stream) {
+  return cuda_impl::with_dtype(p, "forward statistics", [&](auto tag) {
+    return cuda_impl::forward<decltype(tag)>(p, b, true, stream, cuda_impl::Half::kStats);
+  });
+}
+
+Status cuda_forward_apply(const Problem& p, const FwdBuffers& b, cudaStream_t stream) {
+  return cuda_impl::with_dtype(p, "forward apply", [&](auto tag) {
+    return cuda_impl::forward<decltype(tag)>(p, b, true, stream, cuda_impl::Half::kApply);
   });
 }
 

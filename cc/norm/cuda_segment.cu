@@ -23,9 +23,14 @@
 //          segment's (mean, rstd*scale, bias) row of a workspace table, and a flat apply (one
 //          16-byte pack per thread, blocks in reverse). Traffic: read x twice, write y once,
 //          against the fused kernel's once + once + what it re-reads; but the apply is a flat
-//          grid, at 4.2 TB/s where the fused kernel's one-wave phase 3 is not, and the statistics
-//          pass reads at 3.7 (H200, batch_norm NCHW 64x64x112x112 float32: 171 us a call against
-//          179 for the fused kernel, benchmarks/NOTES.md session 20).
+//          grid, at 4.2 TB/s where the fused kernel's one-wave phase 3 is not (H200, batch_norm
+//          NCHW 64x64x112x112 float32: 171 us a call against 179 for the fused kernel,
+//          benchmarks/NOTES.md session 20). The statistics kernel alone reads at 4.0 TB/s, but
+//          right after a kernel that wrote ~200 MB (the L2 full of dirty lines to write back)
+//          at 3.5, as any reader does (a flat read 4.4 -> 3.6, session 21). On the GPU the
+//          lowering therefore issues the two halves (segment_split_stats: statistics and
+//          merge; segment_split_apply) as separate XLA calls, which XLA schedules as it does
+//          its own reductions and elementwise passes (jaxdnn/ops/norm.py).
 //   fused  the single-pass training forward (cuda_kernels.cuh) over units: piece q of segment r
 //          (segment_piece_len(s) values, norm.h), unit u = r*pieces + q, its partial at index u.
 //          Block b owns a contiguous run of units (so a contiguous slice of x, whose tail is
@@ -544,22 +549,32 @@ Status segment_fused(const Fwd<D>& f, cudaStream_t st, bool* ran) {
                             cap.stash_bytes / int64_t(sizeof(D)));
 }
 
+// The split forward's units when it applies to f's shape and x (else units == 0): the segments
+// are long enough, whole 16-byte packs, aligned, and the merge's indices fit 32 bits.
 template <typename D>
-Status segment_split(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+SegmentUnits split_units_of(const Fwd<D>& f) {
   constexpr int N = Vec<D>::kN;
   const Shape& s = f.s;
-  *ran = false;
-  const int64_t packs = s.elems() / N;
-  if (!segment_split_shape(s) || s.T % N != 0 || packs >= (int64_t(1) << 31) ||
-      !cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
-    return Status::Ok();
+  constexpr int64_t kIndex = int64_t(1) << 31;
+  if (!segment_split_shape(s) || s.T % N != 0 || s.elems() / N >= kIndex ||
+      !cuda::vec_aligned(f.x))
+    return SegmentUnits{};
   constexpr auto stats = segment_unit_stats_kernel<D, N>;
-  constexpr int64_t kWarps = kThreads / 32, kIndex = int64_t(1) << 31;
   const SegmentUnits su =
-      split_units(s, kWarps * cuda::resident_grid<stats, kThreads>(int64_t(1) << 40));
-  if (s.A * s.K * su.pieces >= kIndex || s.groups() >= kIndex) return Status::Ok();  // (merge)
-  *ran = true;
-  stats<<<unsigned((su.units + kWarps - 1) / kWarps), kThreads, 0, st>>>(f, su);
+      split_units(s, kThreads / 32 * cuda::resident_grid<stats, kThreads>(int64_t(1) << 40));
+  if (s.A * s.K * su.pieces >= kIndex || s.groups() >= kIndex) return SegmentUnits{};
+  return su;
+}
+
+template <typename D>
+Status segment_split_stats(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+  constexpr int64_t kWarps = kThreads / 32;
+  const Shape& s = f.s;
+  const SegmentUnits su = split_units_of(f);
+  *ran = su.units > 0;
+  if (!*ran) return Status::Ok();
+  segment_unit_stats_kernel<D, Vec<D>::kN>
+      <<<unsigned((su.units + kWarps - 1) / kWarps), kThreads, 0, st>>>(f, su);
   Status status = cuda::check_launch("norm segment_unit_stats_kernel");
   if (!status.ok()) return status;
   // A team per group of as many warps as give each thread about two partials (a power of two,
@@ -570,11 +585,28 @@ Status segment_split(const Fwd<D>& f, cudaStream_t st, bool* ran) {
   while (team < warps && 64 * team < parts) team *= 2;
   segment_table_merge_kernel<D>
       <<<unsigned((s.groups() * team + warps - 1) / warps), kFusedThreads, 0, st>>>(f, su);
-  status = cuda::check_launch("norm segment_table_merge_kernel");
-  if (!status.ok()) return status;
+  return cuda::check_launch("norm segment_table_merge_kernel");
+}
+
+template <typename D>
+Status segment_split_apply(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+  constexpr int N = Vec<D>::kN;
+  *ran = split_units_of(f).units > 0 && cuda::vec_aligned(f.y);
+  if (!*ran) return Status::Ok();
+  const int64_t packs = f.s.elems() / N;
   segment_table_apply_kernel<D, N><<<unsigned((packs + kThreads - 1) / kThreads), kThreads, 0,
-                                     st>>>(f, unsigned(packs), unsigned(s.T / N));
+                                     st>>>(f, unsigned(packs), unsigned(f.s.T / N));
   return cuda::check_launch("norm segment_table_apply_kernel");
+}
+
+template <typename D>
+Status segment_split(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+  *ran = split_units_of(f).units > 0 && cuda::vec_aligned(f.y);
+  if (!*ran) return Status::Ok();
+  bool done = false;
+  Status status = segment_split_stats(f, st, &done);
+  if (!status.ok()) return status;
+  return segment_split_apply(f, st, &done);
 }
 
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_stats, Fwd);
@@ -583,5 +615,7 @@ JAXDNN_NORM_CUDA_INSTANTIATE(segment_grads, Bwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_dx, Bwd);
 JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_fused);
 JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_split);
+JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_split_stats);
+JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_split_apply);
 
 }  // namespace jaxdnn::norm::cuda_impl
