@@ -1,6 +1,7 @@
-// Shared by the dev tools' CUDA drivers (norm_fwd_bench.cu, copy_probe.cu): CK_ exits on a CUDA
-// error with its place; median_us times f with CUDA events (median of 20 runs after 3 warm-ups,
-// pre() before each, untimed) and checks that its launches started.
+// Shared by the dev tools' CUDA drivers (norm_fwd_bench.cu, copy_probe.cu, stats_probe.cu): CK_
+// exits on a CUDA error with its place; median_us times f with CUDA events (median of 20 runs
+// after 3 warm-ups, pre() before each, untimed) and checks that its launches started;
+// read_kernel is the flat read roofline (one 16-byte pack per thread).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,4 +46,14 @@ float median_us(F f, Pre pre) {
 template <typename F>
 float median_us(F f) {
   return median_us(f, [] {});
+}
+
+// Reads n 16-byte packs, one per thread; writes *sink only if their words' xor is a constant
+// (never, in practice), so that the loads are not optimised away.
+__global__ void read_kernel(const uint4* x, int64_t n, unsigned* sink) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) {
+    const uint4 v = x[i];
+    if ((v.x ^ v.y ^ v.z ^ v.w) == 0x12345678u) *sink = 1;
+  }
 }

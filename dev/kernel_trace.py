@@ -122,22 +122,19 @@ def wall_per_op(f, args):
     return best
 
 
-def gpu_events(trace_dir):
-    """(name, ts_us, dur_us) of every event on a GPU stream in the trace."""
+def trace_events(trace_dir):
+    """The trace's spans: (name, ts_us, dur_us, args) of each on a GPU stream, and (name,
+    dur_us) of each on the host."""
     path = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)[0]
     with gzip.open(path) as fh:
         trace = json.load(fh)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") ==
                 "process_name" and "GPU" in str(e.get("args", {}).get("name", ""))}
-    global HOST_EVENTS
-    HOST_EVENTS = [(e["name"], float(e["dur"])) for e in events
-                   if e.get("ph") == "X" and e.get("pid") not in gpu_pids]
-    return [(e["name"], float(e["ts"]), float(e["dur"]), e.get("args", {})) for e in events
-            if e.get("ph") == "X" and e.get("pid") in gpu_pids]
-
-
-HOST_EVENTS = []  # (name, dur_us) of the last trace's host-side events
+    spans = [e for e in events if e.get("ph") == "X"]
+    return ([(e["name"], float(e["ts"]), float(e["dur"]), e.get("args", {})) for e in spans
+             if e.get("pid") in gpu_pids],
+            [(e["name"], float(e["dur"])) for e in spans if e.get("pid") not in gpu_pids])
 
 
 def traced(f, args):
@@ -147,12 +144,12 @@ def traced(f, args):
             for _ in range(CALLS):
                 out = f(args)
             jax.block_until_ready(out)
-        return gpu_events(d)
+        return trace_events(d)
 
 
 def report(label, f, args):
     wall = wall_per_op(f, args)
-    events = traced(f, args)
+    events, host_events = traced(f, args)
     ops = CALLS * len(args)
     by_name = collections.defaultdict(list)
     details = {}
@@ -188,7 +185,7 @@ def report(label, f, args):
     for (a, b), g in sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:8]:
         print(f"        {len(g) / ops:5.2f}/op {np.mean(g):7.2f} {np.max(g):8.2f}  {a} -> {b}")
     host = collections.defaultdict(list)
-    for name, dur in HOST_EVENTS:
+    for name, dur in host_events:
         host[name[:60]].append(dur)
     print("      host events: count/op, mean us, name (top 10 by total)")
     for name, durs in sorted(host.items(), key=lambda kv: -sum(kv[1]))[:10]:

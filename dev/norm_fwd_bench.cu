@@ -64,14 +64,6 @@ using namespace jaxdnn::norm::cuda_impl;
     }                                                              \
   } while (0)
 
-__global__ void read_kernel(const uint4* x, int64_t n, unsigned* sink) {  // flat, 1 pack/thread
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) {
-    const uint4 v = x[i];
-    if ((v.x ^ v.y ^ v.z ^ v.w) == 0x12345678u) *sink = 1;
-  }
-}
-
 // Access-pattern probe: blocks read 16-byte vectors of whole rows (row_vecs per row), a step of
 // blockDim/row_vecs rows at a time, U steps of loads in flight per thread, no arithmetic. Block b
 // owns `steps` chunks (one step's rows each) of `chunks`:

@@ -63,14 +63,6 @@ __global__ void __launch_bounds__(THREADS, MINB)
   }
 }
 
-__global__ void read_kernel_flat(const uint4* x, int64_t n, unsigned* sink) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) {
-    const uint4 v = x[i];
-    if ((v.x ^ v.y ^ v.z ^ v.w) == 0x12345678u) *sink = 1;
-  }
-}
-
 // What the op before a statistics pass leaves in L2: y = x*a + b over the whole tensor, one
 // 16-byte pack per thread (the table apply's shape), stored evict-first (kStream, as the
 // library's outputs) or plainly.
@@ -176,7 +168,7 @@ void run_case(const Case& cs) {
   CK_(cudaMalloc(&y, bytes));
   const unsigned wgrid = unsigned((packs + 255) / 256);
   auto read_before = [&](D* xx) {
-    read_kernel_flat<<<wgrid, 256>>>(reinterpret_cast<const uint4*>(xx), packs, sink);
+    read_kernel<<<wgrid, 256>>>(reinterpret_cast<const uint4*>(xx), packs, sink);
   };
   auto cs_before = [&](D* xx) {
     write_kernel<true><<<wgrid, 256>>>(reinterpret_cast<const uint4*>(xx),
@@ -219,7 +211,7 @@ void run_case(const Case& cs) {
   const float t_copy =
       timed([&](D* xx) { cudaMemcpyAsync(y, xx, bytes, cudaMemcpyDeviceToDevice); });
   const float t_read = timed([&](D* xx) {
-    read_kernel_flat<<<unsigned((packs + 255) / 256), 256>>>(
+    read_kernel<<<unsigned((packs + 255) / 256), 256>>>(
         reinterpret_cast<const uint4*>(xx), packs, sink);
   });
   std::printf("%-44s %8.1f us  %5.2f TB/s (read+write)\n", "copy (cudaMemcpyAsync)", t_copy,
@@ -254,7 +246,7 @@ void run_case(const Case& cs) {
 
   // Team variants over runs: segments, or (where a group is contiguous) groups' ranges.
   auto variant = [&](const char* label, auto kernel, int team, int threads, bool group_runs,
-                     int64_t piece_target, bool persistent) {
+                     int64_t piece_target) {
     const int64_t run_packs = (group_runs ? s.K * s.T : s.T) / VEC;
     const int64_t runs = packs / run_packs;
     const int64_t pieces = std::max<int64_t>(1, (run_packs + piece_target - 1) / piece_target);
@@ -265,9 +257,7 @@ void run_case(const Case& cs) {
     const int tpb = threads / team;
     int per_sm = 0;
     CK_(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-    const int64_t need = (r.units + tpb - 1) / tpb;
-    const unsigned grid =
-        unsigned(persistent ? std::min<int64_t>(need, int64_t(per_sm) * 132) : need);
+    const auto grid = unsigned((r.units + tpb - 1) / tpb);
     const std::string t4 = four([&](D* xx) { kernel<<<grid, threads>>>(xx, r, ws0, ws1); });
     CK_(cudaGetLastError());
     std::vector<int64_t> ug(r.units);
@@ -278,9 +268,8 @@ void run_case(const Case& cs) {
       un[u] = double(std::min(piece, run_packs - q * piece) * VEC);
     }
     char buf[160];
-    std::snprintf(buf, sizeof buf, "%s %s pieces %lld%s", label,
-                  group_runs ? "group-runs" : "segments", (long long)pieces,
-                  persistent ? " persistent" : "");
+    std::snprintf(buf, sizeof buf, "%s %s pieces %lld", label,
+                  group_runs ? "group-runs" : "segments", (long long)pieces);
     std::printf("%-44s %s  err %.1e  (%u units, grid %u, %d/SM)\n", buf, t4.c_str(),
                 check(ug, un), r.units, grid, per_sm);
   };
@@ -288,14 +277,14 @@ void run_case(const Case& cs) {
   variant("team" #TEAM " thr" #THREADS " U" #U " minb" #MINB,                                 \
           team_stats<D, TEAM, THREADS, U, MINB>, TEAM, THREADS, __VA_ARGS__)
   const int64_t whole = int64_t(1) << 30;
-  V(32, 256, 8, 4, false, whole, false);
-  V(256, 256, 8, 4, false, whole, false);
-  V(800, 800, 4, 2, false, whole, false);  // XLA's batch_norm NCHW reduce: 4096 x 800
-  V(800, 800, 8, 2, false, whole, false);
+  V(32, 256, 8, 4, false, whole);
+  V(256, 256, 8, 4, false, whole);
+  V(800, 800, 4, 2, false, whole);  // XLA's batch_norm NCHW reduce: 4096 x 800
+  V(800, 800, 8, 2, false, whole);
   if (cs.group_runs_ok) {
-    V(128, 256, 8, 4, true, whole, false);
-    V(256, 256, 2, 4, true, 392, false);  // XLA's group_norm reduce: 16384 x 256
-    V(256, 256, 4, 4, true, 784, false);
+    V(128, 256, 8, 4, true, whole);
+    V(256, 256, 2, 4, true, 392);  // XLA's group_norm reduce: 16384 x 256
+    V(256, 256, 4, 4, true, 784);
   }
 #undef V
   for (auto& e : ev) CK_(cudaEventDestroy(e));
