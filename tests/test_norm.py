@@ -203,8 +203,10 @@ def _check_forward(case, dtype, args, out):
 
 
 # The CUDA training forwards on tensors larger than the L2 and what the single-pass kernels
-# stash in shared memory (~27 MB on an H200). Channels-last: the single-pass kernel, each block
-# both stashing rows and re-reading streamed ones, several row slices per (sample, column tile).
+# stash in shared memory (~27 MB on an H200), as two calls and as one (JAXDNN_NORM_ONE_CALL=1).
+# Channels-last: float32 batch norm's three passes (two calls), else the single-pass kernel,
+# each block both stashing rows and re-reading streamed ones, several row slices per (sample,
+# column tile).
 # Channels-first with 9216-value segments: the split forward, several pieces per segment; with
 # 256-value segments (16x16 images): the single-pass kernel. Results are bitwise identical from
 # run to run.
@@ -213,26 +215,33 @@ LARGE = [batch_case((16, 64, 64, 256)), batch_case((16, 256, 96, 96), 1),
          batch_case((128, 256, 16, 16), 1)]
 
 
+@pytest.mark.parametrize("calls", ["1", "2"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("case", LARGE, ids=repr)
-def test_training_forward_large(case, dtype):
+def test_training_forward_large(case, dtype, calls, monkeypatch):
     device("gpu")  # skips without a GPU
+    monkeypatch.setenv("JAXDNN_NORM_ONE_CALL", "1" if calls == "1" else "0")
     x, s, b = _inputs(case, dtype)
     args = on("gpu", x, s, b)
-    f = jax.jit(case.run)
+    f = jax.jit(lambda *a: case.run(*a))  # a new function: lowered again
     first, second = f(*args), f(*args)
     for u, v in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second)):
         np.testing.assert_array_equal(u, v)
     _check_forward(case, dtype, (x, s, b), first)
 
 
-# On the GPU a training forward that takes the split forward is two custom calls, statistics
-# then apply (jaxdnn/ops/norm.py), one with JAXDNN_NORM_ONE_CALL=1; both run the same kernels,
-# so their results are bitwise equal. (2, 3, 1037): segments of 1037 values are not whole
-# 16-byte vectors, so each half takes its fallback (statistics and merge; the per-segment apply).
-@pytest.mark.parametrize("case", [batch_case((3, 5, 16, 40), 1), batch_case((2, 3, 1037), 1),
-                                  group_case((2, 12, 16, 36), 4, "NCHW")], ids=repr)
-def test_two_call_forward(case, monkeypatch):
+# On the GPU a channels-last float32 batch norm, and a channels-first training forward that takes
+# the split forward, is two custom calls, statistics then apply (cc/norm/norm.h's two_call_forward,
+# jaxdnn/ops/norm.py); one with JAXDNN_NORM_ONE_CALL=1. On the segment path both run the same
+# kernels, so their results are bitwise equal; (2, 3, 1037): segments of 1037 values are not whole
+# 16-byte vectors, so each half takes its fallback (statistics and merge; the per-segment apply). On
+# the column path the one call is the single-pass kernel, the two calls its three passes (stats,
+# merge; apply); (5, 7, 3): rows of 3 values, one value per thread.
+@pytest.mark.parametrize("case,bitwise", [
+    (batch_case((3, 5, 16, 40), 1), True), (batch_case((2, 3, 1037), 1), True),
+    (group_case((2, 12, 16, 36), 4, "NCHW"), True), (batch_case((4, 6, 10, 16)), False),
+    (batch_case((5, 7, 3)), False)], ids=repr)
+def test_two_call_forward(case, bitwise, monkeypatch):
     device("gpu")  # skips without a GPU
     x, s, b = _inputs(case, jnp.float32)
     args = on("gpu", x, s, b)
@@ -246,9 +255,11 @@ def test_two_call_forward(case, monkeypatch):
     (two_calls, two), (one_call, one) = run(False), run(True)
     assert two_calls == ["jaxdnn_norm_fwd_stats", "jaxdnn_norm_fwd_apply"], two_calls
     assert one_call == ["jaxdnn_norm_fwd"], one_call
-    for u, v in zip(jax.tree_util.tree_leaves(two), jax.tree_util.tree_leaves(one)):
-        np.testing.assert_array_equal(u, v)
+    if bitwise:
+        for u, v in zip(jax.tree_util.tree_leaves(two), jax.tree_util.tree_leaves(one)):
+            np.testing.assert_array_equal(u, v)
     _check_forward(case, jnp.float32, (x, s, b), two)
+    _check_forward(case, jnp.float32, (x, s, b), one)
 
 
 @functools.cache

@@ -79,19 +79,7 @@ constexpr int64_t kBatchBytes = int64_t(256) << 20;    // x/dy/y/dx spectra of o
 constexpr int64_t kMaxWorkspace = int64_t(4) << 30;    // refuse plans needing more
 constexpr int64_t kPairSmemBudget = 72 << 10;          // transform smem when kPairs > 1
 
-// ---- integer division by a constant divisor (n < 2^31): multiply-high and shift ------------
-
-struct FastDiv {
-  uint32_t mul = 1, shift = 0;  // divisor 1
-  FastDiv() = default;
-  __host__ __device__ explicit FastDiv(uint32_t d) {
-    while ((1u << shift) < d) ++shift;
-    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
-  }
-  __device__ __forceinline__ int div(int n) const {  // umulhi(n, mul) < n: the sum fits
-    return int((__umulhi(uint32_t(n), mul) + uint32_t(n)) >> shift);
-  }
-};
+using cuda::FastDiv;
 
 // ---- FFT plan ---------------------------------------------------------------------------------
 

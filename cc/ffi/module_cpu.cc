@@ -32,12 +32,14 @@ NB_MODULE(_cpu, m) {
         throw std::invalid_argument("norm workspace direction must be fwd or bwd");
       },
       nb::arg("direction"), nb::arg("shape"), nb::arg("x_dtype"));
-  // Whether a training forward of this shape takes the segment path's split forward
-  // (cc/norm/norm.h), which the GPU lowering emits as two calls (jaxdnn/ops/norm.py).
+  // Whether the GPU lowering emits a training forward of this shape as two calls, statistics
+  // and apply (cc/norm/norm.h, jaxdnn/ops/norm.py).
   m.def(
-      "norm_split_forward",
-      [](std::vector<int64_t> shape) { return norm::segment_split_shape(norm_shape(shape)); },
-      nb::arg("shape"));
+      "norm_two_call_forward",
+      [](std::vector<int64_t> shape, std::string x_dtype) {
+        return norm::two_call_forward(norm_shape(shape), ffi_util::dtype_from_name(x_dtype));
+      },
+      nb::arg("shape"), nb::arg("x_dtype"));
   // The CPU has one softmax kernel (cc/softmax/cpu_softmax.cc: rows split over the threads);
   // listed so that selection and explain treat every platform alike.
   m.def(

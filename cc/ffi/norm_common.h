@@ -9,7 +9,7 @@
 //   jaxdnn_norm_bwd        dy, dmean, dvar, x, scale, mean, var -> dx, dscale, dbias, workspace
 //   jaxdnn_norm_infer_bwd  dy, x, scale, mean, var            -> dx, dscale, dbias, dmean, dvar,
 //                                                                workspace
-// CUDA only, the training forward as two calls (the segment path's split forward, so that XLA
+// CUDA only, the training forward as two calls (norm.h's two_call_forward shapes, so that XLA
 // can schedule its statistics passes apart from its writes; jaxdnn/ops/norm.py):
 //   jaxdnn_norm_fwd_stats  x, scale, bias                     -> mean, var, workspace
 //   jaxdnn_norm_fwd_apply  x, scale, bias, mean, var, workspace -> y
@@ -111,40 +111,42 @@ inline ffi::Error prepare_norm_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer
                           b);
 }
 
-// The apply half of the two-call forward: the statistics half's mean, var and workspace in.
+// The inference forward, or (ws given) the apply half of the two-call forward: mean and var
+// (and the statistics half's workspace) in.
+inline ffi::Error prepare_norm_apply(const char* target, const ffi::AnyBuffer& x,
+                                     const ffi::AnyBuffer& scale, const ffi::AnyBuffer& bias,
+                                     const ffi::AnyBuffer& mean, const ffi::AnyBuffer& var,
+                                     const ffi::AnyBuffer* ws, ffi::AnyBuffer& y, I64Span shape,
+                                     float eps, bool centered, norm::Problem* p,
+                                     norm::FwdBuffers* b) {
+  if (ffi::Error e = decode_norm(target, x, shape, eps, centered, p); e.failure()) return e;
+  const NormCheck c{*p, std::string("jaxdnn ") + target};
+  if (ffi::Error e = first_error(
+          {c.affine(scale, "scale"), c.affine(bias, "bias"), c.stats(mean, "mean"),
+           c.stats(var, "var"),
+           ws ? c.workspace(*ws, norm::fwd_workspace_bytes(p->s)) : ffi::Error::Success(),
+           c.like_x(y, "y")});
+      e.failure())
+    return e;
+  *b = {x.untyped_data(), scale.untyped_data(), bias.untyped_data(), y.untyped_data(),
+        const_cast<void*>(mean.untyped_data()), const_cast<void*>(var.untyped_data()),
+        ws ? const_cast<void*>(ws->untyped_data()) : nullptr};
+  return ffi::Error::Success();
+}
 inline ffi::Error prepare_norm_fwd_apply(const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
                                          const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mean,
                                          const ffi::AnyBuffer& var, const ffi::AnyBuffer& ws,
                                          ffi::AnyBuffer& y, I64Span shape, float eps,
                                          bool centered, norm::Problem* p, norm::FwdBuffers* b) {
-  if (ffi::Error e = decode_norm("norm_fwd_apply", x, shape, eps, centered, p); e.failure())
-    return e;
-  const NormCheck c{*p, "jaxdnn norm_fwd_apply"};
-  if (ffi::Error e = first_error({c.affine(scale, "scale"), c.affine(bias, "bias"),
-                                  c.stats(mean, "mean"), c.stats(var, "var"),
-                                  c.workspace(ws, norm::fwd_workspace_bytes(p->s)),
-                                  c.like_x(y, "y")});
-      e.failure())
-    return e;
-  *b = {x.untyped_data(), scale.untyped_data(), bias.untyped_data(), y.untyped_data(),
-        const_cast<void*>(mean.untyped_data()), const_cast<void*>(var.untyped_data()),
-        const_cast<void*>(ws.untyped_data())};
-  return ffi::Error::Success();
+  return prepare_norm_apply("norm_fwd_apply", x, scale, bias, mean, var, &ws, y, shape, eps,
+                            centered, p, b);
 }
-
 inline ffi::Error prepare_norm_infer(const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
                                      const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mean,
                                      const ffi::AnyBuffer& var, ffi::AnyBuffer& y, I64Span shape,
                                      float eps, norm::Problem* p, norm::FwdBuffers* b) {
-  if (ffi::Error e = decode_norm("norm_infer", x, shape, eps, true, p); e.failure()) return e;
-  const NormCheck c{*p, "jaxdnn norm_infer"};
-  if (ffi::Error e = first_error({c.affine(scale, "scale"), c.affine(bias, "bias"),
-                                  c.stats(mean, "mean"), c.stats(var, "var"), c.like_x(y, "y")});
-      e.failure())
-    return e;
-  *b = {x.untyped_data(), scale.untyped_data(), bias.untyped_data(), y.untyped_data(),
-        const_cast<void*>(mean.untyped_data()), const_cast<void*>(var.untyped_data()), nullptr};
-  return ffi::Error::Success();
+  return prepare_norm_apply("norm_infer", x, scale, bias, mean, var, nullptr, y, shape, eps, true,
+                            p, b);
 }
 
 // The operands both backward kernels share.

@@ -8,7 +8,8 @@
 // of loads in flight (pipelined, cuda_kernels.cuh).
 //   stats  batched Welford per column on x - shift (shift = the slice's first row), row groups
 //          tree-merged with Chan's update; the slice's (mean, M2) go to the double workspace
-//          (rows_per_slice(s) rows per slice, norm.h). Traffic: read x.
+//          (column_stats_rows(s) rows per slice, at least norm.h's rows_per_slice). Traffic:
+//          read x.
 //   apply  y = (x - mean)*(rstd*scale) + bias with per-column coefficients in registers. A
 //          flat grid of apply_rows-row slices (float32, C = 64: 16 x 16 threads, 4 rows each),
 //          each block loading its coefficients once. A single wave of long-lived blocks
@@ -26,8 +27,6 @@
 //          stash and then the streamed rows in reverse, copied (cp.async) into a ring of the
 //          thread's own stash slots, 15 rows in flight per thread.
 //          Traffic: read x, write y, re-read the rows that were neither stashed nor L2-resident.
-
-#include <type_traits>
 
 #include "cc/norm/cuda_kernels.cuh"
 
@@ -358,11 +357,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   grid_sync();
 
   // Phase 2: group (p, c) merges the (slice, k) partials of its K columns.
-  merge_groups(f, g.slices * s.K, [&](int64_t grp, int64_t i, int64_t* idx) {
-    const int64_t sl = i / s.K;
-    *idx = (grp / s.C * g.slices + sl) * CK + grp % s.C * s.K + i % s.K;
-    return double(min(g.rps, s.A - sl * g.rps));
-  });
+  merge_groups(f, g.slices * s.K, SliceParts<cuda::PlainDiv>(s, g.slices, g.rps));
   grid_sync();
   JAXDNN_NORM_PHASE(2);
 
@@ -406,74 +401,82 @@ ColumnGrid column_grid(const Shape& s, int vec, int threads, int64_t rps) {
   return g;
 }
 
-// The fused kernel's grid: as many row slices per (p, column tile) as `blocks` resident blocks
-// allow, never more than the workspace holds; no blocks when there are fewer than (p, tile)s.
-ColumnGrid fused_grid(const Shape& s, int vec, int64_t blocks) {
-  const int64_t tiles = column_grid(s, vec, kFusedThreads, 1).tiles;
-  const int64_t per_p = blocks / (s.P * tiles);
-  if (per_p == 0) return ColumnGrid{};
-  return column_grid(s, vec, kFusedThreads,
-                     std::max(rows_per_slice(s), (s.A + per_p - 1) / per_p));
+// Rows per slice when `blocks` blocks share the (p, column tile)s of s: each (p, tile) its share
+// of them, never fewer rows than rows_per_slice (the workspace's slices); 0 when there are fewer
+// blocks than (p, tile)s.
+int64_t shared_rows(const Shape& s, int vec, int64_t blocks) {
+  const int64_t per_p = blocks / (s.P * column_grid(s, vec, kThreads, 1).tiles);
+  return per_p == 0 ? 0 : std::max(rows_per_slice(s), (s.A + per_p - 1) / per_p);
 }
 
-// The grid of the partial-sum passes (stats, grads): the slices of the workspace (norm.h).
-ColumnGrid partial_grid(const Shape& s, int vec) {
-  return column_grid(s, vec, kThreads, rows_per_slice(s));
+// The fused kernel's grid: as many row slices per (p, column tile) as `blocks` resident blocks
+// allow; no blocks when there are fewer than (p, tile)s.
+ColumnGrid fused_grid(const Shape& s, int vec, int64_t blocks) {
+  const int64_t rps = shared_rows(s, vec, blocks);
+  return rps == 0 ? ColumnGrid{} : column_grid(s, vec, kFusedThreads, rps);
 }
 
 // Rows per block of the elementwise passes (apply, dx), by element size E: 64 rows of float32
 // (C = 64: 16 x 16 threads, 4 rows of 16 bytes each, 16 KB per block). 16-bit types take 128,
 // so that a thread still has 4 loads in flight and a block moves the same bytes: with 64 rows,
-// bfloat16 batch_norm_inference ran at 1.7 TB/s against float32's 2.9 (NOTES.md).
+// bfloat16 batch_norm_inference ran at 1.7 TB/s against float32's 2.9 (NOTES.md). float32
+// with 16, 32, 128 or 256 rows: 274, 148, 103 and 106 us against 64's 100 (batch_norm_inference
+// NHWC 64x112x112x64, kernel trace, session 22): fewer rows load the coefficients for fewer
+// packs, more rows issue their loads in more batches of kLoadsInFlight.
 template <typename E>
 constexpr int64_t apply_rows() {
   return sizeof(E) == 2 ? 128 : 64;
 }
 
 // Launches `vector` (kernel<D, 16-byte VEC>) when every row of the buffers starts 16-byte
-// aligned, else `scalar` (kernel<D, 1>), over the partial grid or (kApply) slices of
-// apply_rows rows.
-template <bool kApply, typename View, typename Kernel>
+// aligned, else `scalar` (kernel<D, 1>), over slices of rps rows.
+template <typename View, typename Kernel>
 Status launch_columns(const View& v, bool aligned, Kernel scalar, Kernel vector, int vec_n,
-                      const char* name, cudaStream_t st) {
+                      int64_t rps, const char* name, cudaStream_t st) {
   const bool vec = aligned && v.s.CK() % vec_n == 0;
-  const int n = vec ? vec_n : 1;
-  using E = std::remove_cv_t<std::remove_pointer_t<decltype(v.x)>>;
-  const ColumnGrid g =
-      kApply ? column_grid(v.s, n, kThreads, apply_rows<E>()) : partial_grid(v.s, n);
+  const ColumnGrid g = column_grid(v.s, vec ? vec_n : 1, kThreads, rps);
   (vec ? vector : scalar)<<<unsigned(g.blocks), kThreads, 0, st>>>(v, g);
   return cuda::check_launch(name);
 }
 
 }  // namespace
 
+// Rows per slice of the statistics pass: about three blocks per SM (one wave of the 16-bit
+// kernel's), long-lived blocks whose tree merge and first loads are paid once per 1-2K rows. H200,
+// batch_norm NHWC 64x112x112x64 float32 (NOTES.md, session 20): 2048-row slices 51.8 us, the
+// partial passes' 512 (rows_per_slice) 57.3.
+int64_t column_stats_rows(const Shape& s, int vec) {
+  const int64_t rps = shared_rows(s, vec, 3 * int64_t(cuda::sm_count()));
+  return rps == 0 ? rows_per_slice(s) : rps;
+}
+
 template <typename D>
 Status column_stats(const Fwd<D>& f, cudaStream_t st) {
-  return launch_columns<false>(f, cuda::vec_aligned(f.x), column_stats_kernel<D, 1>,
-                               column_stats_kernel<D, Vec<D>::kN>, Vec<D>::kN,
-                               "norm column_stats_kernel", st);
+  return launch_columns(f, cuda::vec_aligned(f.x), column_stats_kernel<D, 1>,
+                        column_stats_kernel<D, Vec<D>::kN>, Vec<D>::kN,
+                        column_stats_rows(f.s, Vec<D>::kN), "norm column_stats_kernel", st);
 }
 
 template <typename D>
 Status column_apply(const Fwd<D>& f, cudaStream_t st) {
-  return launch_columns<true>(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
-                              column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>,
-                              Vec<D>::kN, "norm column_apply_kernel", st);
+  return launch_columns(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
+                        column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN,
+                        apply_rows<D>(), "norm column_apply_kernel", st);
 }
 
 template <typename D>
 Status column_grads(const Bwd<D>& b, cudaStream_t st) {
-  return launch_columns<false>(
+  return launch_columns(
       b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx),
       column_grads_kernel<D, 1>, column_grads_kernel<D, Vec<D>::kN>, Vec<D>::kN,
-      "norm column_grads_kernel", st);
+      rows_per_slice(b.s), "norm column_grads_kernel", st);
 }
 
 template <typename D>
 Status column_dx(const Bwd<D>& b, cudaStream_t st) {
-  return launch_columns<true>(
+  return launch_columns(
       b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx),
-      column_dx_kernel<D, 1>, column_dx_kernel<D, Vec<D>::kN>, Vec<D>::kN,
+      column_dx_kernel<D, 1>, column_dx_kernel<D, Vec<D>::kN>, Vec<D>::kN, apply_rows<D>(),
       "norm column_dx_kernel", st);
 }
 

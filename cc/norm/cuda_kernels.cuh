@@ -347,46 +347,111 @@ __device__ __forceinline__ void ring_stream(int64_t n, Src src, Slot slot, F f) 
 #define JAXDNN_NORM_PHASE(k)
 #endif
 
+// A statistics group's partials summed about a common shift (the group's first partial's
+// mean): n, s1 = sum n_i d_i and s2 = sum (M2_i + n_i d_i^2), d_i = mean_i - shift; then
+// mean = shift + s1/n and M2 = s2 - s1^2/n. Additions only: Chan's update divides at every
+// merge, and a merge is one latency chain of such steps (ncu, session 21: 14 cycles per issued
+// instruction, ~1300 dependent instructions per warp). The subtraction costs at most
+// log2(1 + n/n_0) bits of the double (n_0 the first partial's count: n_0 d^2 <= M2 for the
+// overall mean), 12 of 53 for 4096 equal partials.
+struct ShiftedSums {
+  double n, s1, s2;
+  __device__ __forceinline__ void add(double nb, double d, double m2_b) {
+    n += nb;
+    s1 += nb * d;
+    s2 += m2_b + nb * d * d;
+  }
+  __device__ __forceinline__ void add(const ShiftedSums& o) {
+    n += o.n;
+    s1 += o.s1;
+    s2 += o.s2;
+  }
+  __device__ __forceinline__ ShiftedSums warp_sum() const {  // every lane gets the warp's sums
+    const cuda::SumOp sum;
+    return {cuda::warp_reduce(n, sum), cuda::warp_reduce(s1, sum), cuda::warp_reduce(s2, sum)};
+  }
+};
+
+// merge_groups' partials of group (p, c) in (P, slices, C, K) workspace planes: partial i is
+// column k = i % K of slice i / K, whose rps rows (the last slice's fewer) hold T values each.
+// Div divides by K and C: cuda::FastDiv where the launcher has checked that slices*K and the
+// group count are below 2^31, else cuda::PlainDiv (the merge is a latency chain, and a 64-bit
+// division a ~100-instruction call).
+template <typename Div>
+struct SliceParts {
+  Shape s;
+  int64_t slices, rps;
+  Div K, C;
+  __host__ __device__ SliceParts(const Shape& s_, int64_t slices_, int64_t rps_)
+      : s(s_), slices(slices_), rps(rps_), K(s_.K), C(s_.C) {}
+  __device__ __forceinline__ double operator()(int64_t grp, int64_t i, int64_t* idx) const {
+    const int64_t sl = K.div(i), k = i - sl * s.K, p = C.div(grp), c = grp - p * s.C;
+    *idx = (p * slices + sl) * s.CK() + c * s.K + k;
+    return double(min(rps, s.A - sl * rps) * s.T);
+  }
+};
+
 // Phase 2: the statistics of every group from its `parts` partials, one team of `team` warps per
 // group (groups strided over every team of the grid). part(g, i, &idx) returns the value count of
 // partial i of group g and sets its workspace index; a team's threads take i = rank, rank +
-// 32*team, ... in order (Chan's update in double), then a shuffle tree per warp and one across
-// the team's warps; every lane of the team's first warp then calls done(g, mean, var, lane)
-// (by default lane 0 writes mean and var). A team is as many warps (a power of two, at most a
-// block) as still gives every group its own team: with one warp per group, 64 groups of 256
-// partials (batch_norm NCHW) kept 64 of the grid's 2112 warps busy through 8 dependent loads and
-// Chan updates each, and the merge took ~12 us between the grid barriers.
+// 32*team, ... in order, loading four partials before adding any (ShiftedSums), then sums per
+// warp and across the team's warps, in a fixed order; every lane of the team's first warp then
+// calls done(g, mean, var, lane) (by default lane 0 writes mean and var). A team is as many warps
+// (a power of two, at most a block) as still gives every group its own team (merge_launch sizes
+// a grid for it): with one warp per group, 64 groups of 256 partials (batch_norm NCHW) kept 64 of
+// the grid's 2112 warps busy through 8 dependent loads each, and the merge took ~12 us between
+// the fused kernel's grid barriers.
 // Every thread of the block calls it (it synchronises when a team spans several warps).
 template <typename D, typename Part, typename Done>
 __device__ __forceinline__ void merge_groups(const Fwd<D>& f, int64_t parts, Part part,
                                              Done done) {
-  __shared__ Moments<double> warp_moments[32];
+  struct Partial {
+    double n, mean, m2;
+  };
+  __shared__ ShiftedSums warp_sums[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int64_t groups = f.s.groups();
   int team = 1;
   while (team < warps && int64_t(gridDim.x) * (warps / (team * 2)) >= groups) team *= 2;
-  const int per_block = warps / team, rank = warp % team * 32 + lane;
+  const int per_block = warps / team, rank = warp % team * 32 + lane, stride = 32 * team;
   const int64_t teams = int64_t(gridDim.x) * per_block;
+  // This thread's partials, rank + j*stride for j < mine (stride a power of two: a shift).
+  const int64_t mine = parts > rank ? ((parts - rank - 1) >> (__ffs(stride) - 1)) + 1 : 0;
   for (int64_t g0 = 0; g0 < groups; g0 += teams) {  // the same rounds for every thread
     const int64_t g = g0 + int64_t(blockIdx.x) * per_block + warp / team;
-    Moments<double> m{0, 0, 0};
-    if (g < groups)
-      for (int64_t i = rank; i < parts; i += 32 * team) {
-        int64_t idx;
-        const double n = part(g, i, &idx);
-        m.merge(n, f.ws0[idx], f.ws1[idx]);
-      }
-    m = warp_merge(m);
-    if (team > 1) {
-      if (lane == 0) warp_moments[warp] = m;
-      __syncthreads();
-      if (warp % team == 0)
-        m = warp_merge(lane < team ? warp_moments[warp + lane] : Moments<double>{0, 0, 0});
-      __syncthreads();  // warp_moments is reused by the next round
+    ShiftedSums m{0, 0, 0};
+    double shift = 0;
+    if (g < groups) {
+      int64_t first;
+      part(g, 0, &first);
+      shift = f.ws0[first];
+      batched<4, false>(
+          0, mine,
+          [&](int64_t j) {
+            int64_t idx;
+            const double n = part(g, rank + j * stride, &idx);
+            return Partial{n, f.ws0[idx], f.ws1[idx]};
+          },
+          [&](int64_t, const Partial (&v)[4], int count) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+              if (u < count) m.add(v[u].n, v[u].mean - shift, v[u].m2);
+          });
     }
-    if (warp % team == 0) {  // the team's first warp: lane 0's merge to every lane
-      const double mean = __shfl_sync(~0u, m.mean, 0), var = __shfl_sync(~0u, m.m2 / m.n, 0);
-      if (g < groups) done(g, A<D>(mean), A<D>(var), lane);
+    m = m.warp_sum();
+    if (team > 1) {
+      if (lane == 0) warp_sums[warp] = m;
+      __syncthreads();
+      if (warp % team == 0) {
+        m = lane < team ? warp_sums[warp + lane] : ShiftedSums{0, 0, 0};
+        m = m.warp_sum();
+      }
+      __syncthreads();  // warp_sums is reused by the next round
+    }
+    if (warp % team == 0 && g < groups) {  // every lane of the team's first warp holds the sums
+      const double mean = m.s1 / m.n;
+      const double m2 = m.s2 - m.s1 * mean;  // (NaN stays NaN: no fmax)
+      done(g, A<D>(shift + mean), A<D>((m2 < 0 ? 0.0 : m2) / m.n), lane);
     }
   }
 }
@@ -398,6 +463,21 @@ __device__ __forceinline__ void merge_groups(const Fwd<D>& f, int64_t parts, Par
       f.var[g] = var;
     }
   });
+}
+
+// The launch of a merge kernel over `groups` groups of `parts` partials each: a block per team
+// (so that the teams' latency chains run on as many SMs as there are groups), a team of as many
+// warps as give each thread about two partials (a power of two, at most kFusedThreads threads).
+// group_norm NCHW's 16 partials per group in a team of 16 warps each took 21 us to merge on an
+// H200, the block's latency chain for a handful of loads.
+struct MergeLaunch {
+  unsigned blocks;
+  int threads;
+};
+inline MergeLaunch merge_launch(int64_t groups, int64_t parts) {
+  int team = 1;
+  while (team < kFusedThreads / 32 && 64 * team < parts) team *= 2;
+  return {unsigned(std::min<int64_t>(groups, int64_t(1) << 20)), 32 * team};
 }
 
 // What the GPU holds of a fused kernel at once: co-resident blocks (0: no cooperative launch
@@ -483,6 +563,8 @@ template <typename D> Status row_forward(const Fwd<D>& f, cudaStream_t st);
 template <typename D> Status row_backward(const Bwd<D>& b, int64_t slices, cudaStream_t st);
 inline int64_t row_bwd_slices(const Shape& s) { return row_bwd_max_slices(s); }
 
+// Rows per slice of column_stats's partials (and so of their merge), for vec-column threads.
+int64_t column_stats_rows(const Shape& s, int vec);
 template <typename D> Status column_stats(const Fwd<D>& f, cudaStream_t st);
 template <typename D> Status column_apply(const Fwd<D>& f, cudaStream_t st);
 template <typename D> Status column_grads(const Bwd<D>& b, cudaStream_t st);

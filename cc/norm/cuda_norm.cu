@@ -1,11 +1,13 @@
 // CUDA norm entry points: pick the path (norm.h), enqueue its passes, and merge the partials.
 // Training forward of the column and segment paths: on the segment path the split forward
 // (cuda_segment.cu) where it applies, then the single-pass cooperative kernel
-// (cuda_kernels.cuh) where it applies, else three passes: stats, merge, apply.
+// (cuda_kernels.cuh) where it applies, else three passes: stats, merge, apply. The two-call
+// forward (Half) runs the statistics (the split's, or stats and merge) and the apply as separate
+// XLA calls.
 //
 // Merge kernels (fixed combination order, so results are bitwise reproducible):
-//   stats   one block per group (p, c): threads take the (slice, k) partials in strides,
-//           Chan-merge them in double, then tree-merge across the block -> mean, var.
+//   stats   a team of warps per group (p, c) (merge_groups, cuda_kernels.cuh): threads take the
+//           (slice, k) partials in strides and sum them about a shift in double -> mean, var.
 //   grads   one block per group: sg = sum scale*sum(dy), sgx = sum scale*sum(dy*xhat) in
 //           double, block sums -> dx coefficients (or the inference statistics' gradients).
 //   params  block (32 columns x 8 row splits) per column tile and affine row q: each thread
@@ -24,27 +26,10 @@ namespace {
 
 constexpr int kMergeThreads = 256;
 
-template <typename D>
-__global__ void __launch_bounds__(kMergeThreads) stats_merge_kernel(Fwd<D> f, int64_t slices,
-                                                                    int64_t rps) {
-  __shared__ Moments<double> sm[kMergeThreads];
-  const Shape& s = f.s;
-  const int tid = threadIdx.x;
-  for (int64_t grp = blockIdx.x; grp < s.groups(); grp += gridDim.x) {
-    const int64_t p = grp / s.C, c = grp % s.C;
-    Moments<double> m{0, 0, 0};
-    for (int64_t i = tid; i < slices * s.K; i += kMergeThreads) {
-      const int64_t sl = i / s.K, k = i % s.K, off = (p * slices + sl) * s.CK() + c * s.K + k;
-      const int64_t rows = rps < s.A - sl * rps ? rps : s.A - sl * rps;
-      m.merge(double(rows * s.T), f.ws0[off], f.ws1[off]);
-    }
-    m = merge_group(m, sm, 0, tid, kMergeThreads, 1);
-    if (tid == 0) {
-      f.mean[grp] = A<D>(m.mean);
-      f.var[grp] = A<D>(m.m2 / m.n);
-    }
-    __syncthreads();  // sm is reused by the next group
-  }
+template <typename D, typename Div>
+__global__ void __launch_bounds__(kFusedThreads) stats_merge_kernel(Fwd<D> f,
+                                                                    SliceParts<Div> part) {
+  merge_groups(f, part.slices * f.s.K, part);
 }
 
 template <typename D>
@@ -102,10 +87,21 @@ __global__ void __launch_bounds__(kParamCols* kParamSplits)
   dbias[q * CK + j] = Acc(a1);
 }
 
+// The statistics from the partials of the column path's stats pass (column_stats_rows rows per
+// slice) or the segment path's (a partial per segment).
 template <typename D>
 Status merge_stats(const Fwd<D>& f, cudaStream_t st) {
-  const unsigned grid = unsigned(std::min<int64_t>(f.s.groups(), 132 * 16));
-  stats_merge_kernel<D><<<grid, kMergeThreads, 0, st>>>(f, num_slices(f.s), rows_per_slice(f.s));
+  const Shape& s = f.s;
+  const int64_t rps = path_of(s) == Path::kColumn ? column_stats_rows(s, Vec<D>::kN) : 1;
+  const int64_t slices = (s.A + rps - 1) / rps;
+  const MergeLaunch ml = merge_launch(s.groups(), slices * s.K);
+  constexpr int64_t kIndex = int64_t(1) << 31;
+  if (slices * s.K < kIndex && s.groups() < kIndex)
+    stats_merge_kernel<<<ml.blocks, ml.threads, 0, st>>>(
+        f, SliceParts<cuda::FastDiv>(s, slices, rps));
+  else
+    stats_merge_kernel<<<ml.blocks, ml.threads, 0, st>>>(
+        f, SliceParts<cuda::PlainDiv>(s, slices, rps));
   return cuda::check_launch("norm stats_merge_kernel");
 }
 
@@ -167,8 +163,8 @@ Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_
                  static_cast<D*>(b.y), static_cast<Acc*>(b.mean), static_cast<Acc*>(b.var),
                  ws, ws ? ws + fwd_partials(p.s) : nullptr,
                  ws ? reinterpret_cast<Acc*>(ws + 2 * fwd_partials(p.s)) : nullptr};
-  if (half != Half::kAll && (!training || path_of(p.s) != Path::kSegment))
-    return Status::Error("norm: the two-call forward is for training on the segment path");
+  if (half != Half::kAll && (!training || path_of(p.s) == Path::kRow))
+    return Status::Error("norm: the two-call forward is for training, column and segment paths");
   if (p.s.elems() == 0) {  // empty groups: NaN statistics (0xFF bytes are NaN)
     if (!training || half == Half::kApply) return Status::Ok();
     return run_steps([&] { return memset_bytes(f.mean, 0xFF, p.s.groups() * sizeof(Acc), st); },
@@ -178,7 +174,9 @@ Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_
     case Path::kRow:
       return row_forward(f, st);
     case Path::kColumn: {
-      if (!training) return column_apply(f, st);
+      if (!training || half == Half::kApply) return column_apply(f, st);
+      if (half == Half::kStats)
+        return run_steps([&] { return column_stats(f, st); }, [&] { return merge_stats(f, st); });
       bool fused = false;
       if (use_fused()) {
         if (Status s = column_fused(f, st, &fused); !s.ok() || fused) return s;

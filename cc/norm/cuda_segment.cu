@@ -255,20 +255,22 @@ struct SegmentUnits {
 };
 
 // merge_groups' partials of group (p, c): the units of its A*K segments; partial i is piece
-// q = i % pieces of segment k = i / pieces % K of sample row a = i / (pieces*K). I: the index
-// type of the divisions, 32-bit where the launcher has checked that A*K*pieces and the group
-// count fit (a 64-bit division is a ~100-instruction call; the split forward's merge spent
-// several of them per partial).
-template <typename I>
+// q = i % pieces of segment k = i / pieces % K of sample row a = i / (pieces*K). Div divides
+// by pieces, K and C: cuda::FastDiv where the launcher has checked that A*K*pieces and the
+// group count are below 2^31, else cuda::PlainDiv (the split forward's merge is a latency
+// chain: with 32-bit divisions it took 7.3 us for batch_norm NCHW's 64 groups of 64 partials).
+template <typename Div>
 struct UnitParts {
   Shape s;
   SegmentUnits su;
+  Div pieces, K, C;
+  __host__ __device__ UnitParts(const Shape& s_, const SegmentUnits& su_)
+      : s(s_), su(su_), pieces(su_.pieces), K(s_.K), C(s_.C) {}
   __device__ __forceinline__ double operator()(int64_t grp, int64_t i, int64_t* idx) const {
-    const I ii = I(i), g = I(grp), pieces = I(su.pieces), K = I(s.K), C = I(s.C);
-    const I q = ii % pieces, k = ii / pieces % K, a = ii / (pieces * K);
-    const int64_t r = ((int64_t(g / C) * s.A + a) * s.C + g % C) * s.K + k;
-    *idx = r * su.pieces + q;
-    return double(su.size(*idx));
+    const int64_t t = pieces.div(i), q = i - t * su.pieces, a = K.div(t), k = t - a * s.K;
+    const int64_t p = C.div(grp), c = grp - p * s.C;
+    *idx = (((p * s.A + a) * s.C + c) * s.K + k) * su.pieces + q;
+    return double(min(su.T, (q + 1) * su.len) - q * su.len);  // su.size(*idx)
   }
 };
 
@@ -341,7 +343,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   grid_sync();
 
   // Phase 2: group (p, c) merges the units of its A*K segments.
-  merge_groups(f, s.A * s.K * su.pieces, UnitParts<int64_t>{s, su});
+  merge_groups(f, s.A * s.K * su.pieces, UnitParts<cuda::PlainDiv>(s, su));
   grid_sync();
   JAXDNN_NORM_PHASE(2);
 
@@ -409,23 +411,23 @@ __global__ void __launch_bounds__(kThreads, 4)
 //    writing mean, var and the table row (mean, rstd*scale, bias) of each of its A*K segments.
 template <typename D>
 __global__ void __launch_bounds__(kFusedThreads)
-    segment_table_merge_kernel(Fwd<D> f, SegmentUnits su) {
+    segment_table_merge_kernel(Fwd<D> f, UnitParts<cuda::FastDiv> part) {
   using Acc = A<D>;
   const Shape& s = f.s;
-  merge_groups(f, s.A * s.K * su.pieces, UnitParts<unsigned>{s, su},
+  merge_groups(f, s.A * s.K * part.su.pieces, part,
                [&](int64_t grp, Acc mean, Acc var, int lane) {
                  if (lane == 0) {
                    f.mean[grp] = mean;
                    f.var[grp] = var;
                  }
-                 const int64_t p = grp / s.C, c = grp % s.C;
-                 const Acc* const scale = f.scale + (p / s.Pq() * s.C + c) * s.K;
-                 const Acc* const bias = f.bias + (p / s.Pq() * s.C + c) * s.K;
+                 const int64_t p = part.C.div(grp), c = grp - p * s.C;
+                 const int64_t affine = ((s.Q == 1 ? 0 : p / s.Pq()) * s.C + c) * s.K;
+                 const Acc* const scale = f.scale + affine;
+                 const Acc* const bias = f.bias + affine;
                  Acc* const rows = f.table + 4 * ((p * s.A * s.C + c) * s.K);  // (a, k) = (0, 0)
                  const Acc rstd = rstd_of<D>(var, f.eps);
-                 const unsigned K = unsigned(s.K);
-                 for (unsigned i = lane; i < unsigned(s.A) * K; i += 32) {
-                   const unsigned a = i / K, k = i % K;
+                 for (int i = lane; i < s.A * s.K; i += 32) {
+                   const int a = part.K.div(i), k = i - a * int(s.K);
                    Acc* const row = rows + 4 * (int64_t(a) * s.C * s.K + k);
                    row[0] = mean;
                    row[1] = rstd * scale[k];
@@ -566,47 +568,54 @@ SegmentUnits split_units_of(const Fwd<D>& f) {
   return su;
 }
 
+namespace {
+
+// The split forward's halves, for units su = split_units_of(f) (the apply needs y aligned too).
 template <typename D>
-Status segment_split_stats(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+Status split_stats(const Fwd<D>& f, const SegmentUnits& su, cudaStream_t st) {
   constexpr int64_t kWarps = kThreads / 32;
   const Shape& s = f.s;
-  const SegmentUnits su = split_units_of(f);
-  *ran = su.units > 0;
-  if (!*ran) return Status::Ok();
   segment_unit_stats_kernel<D, Vec<D>::kN>
       <<<unsigned((su.units + kWarps - 1) / kWarps), kThreads, 0, st>>>(f, su);
   Status status = cuda::check_launch("norm segment_unit_stats_kernel");
   if (!status.ok()) return status;
-  // A team per group of as many warps as give each thread about two partials (a power of two,
-  // at most a block): group_norm's 16 partials per group in a block of 16 warps each took 21
-  // us to merge on an H200, the block's latency chain for a handful of loads.
-  const int64_t parts = s.A * s.K * su.pieces, warps = kFusedThreads / 32;
-  int64_t team = 1;
-  while (team < warps && 64 * team < parts) team *= 2;
+  const MergeLaunch ml = merge_launch(s.groups(), s.A * s.K * su.pieces);
   segment_table_merge_kernel<D>
-      <<<unsigned((s.groups() * team + warps - 1) / warps), kFusedThreads, 0, st>>>(f, su);
+      <<<ml.blocks, ml.threads, 0, st>>>(f, UnitParts<cuda::FastDiv>(s, su));
   return cuda::check_launch("norm segment_table_merge_kernel");
 }
 
 template <typename D>
-Status segment_split_apply(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+Status split_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
-  *ran = split_units_of(f).units > 0 && cuda::vec_aligned(f.y);
-  if (!*ran) return Status::Ok();
   const int64_t packs = f.s.elems() / N;
   segment_table_apply_kernel<D, N><<<unsigned((packs + kThreads - 1) / kThreads), kThreads, 0,
                                      st>>>(f, unsigned(packs), unsigned(f.s.T / N));
   return cuda::check_launch("norm segment_table_apply_kernel");
 }
 
+}  // namespace
+
+template <typename D>
+Status segment_split_stats(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+  const SegmentUnits su = split_units_of(f);
+  *ran = su.units > 0;
+  return *ran ? split_stats(f, su, st) : Status::Ok();
+}
+
+template <typename D>
+Status segment_split_apply(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+  *ran = split_units_of(f).units > 0 && cuda::vec_aligned(f.y);
+  return *ran ? split_apply(f, st) : Status::Ok();
+}
+
 template <typename D>
 Status segment_split(const Fwd<D>& f, cudaStream_t st, bool* ran) {
-  *ran = split_units_of(f).units > 0 && cuda::vec_aligned(f.y);
+  const SegmentUnits su = split_units_of(f);
+  *ran = su.units > 0 && cuda::vec_aligned(f.y);
   if (!*ran) return Status::Ok();
-  bool done = false;
-  Status status = segment_split_stats(f, st, &done);
-  if (!status.ok()) return status;
-  return segment_split_apply(f, st, &done);
+  Status status = split_stats(f, su, st);
+  return status.ok() ? split_apply(f, st) : status;
 }
 
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_stats, Fwd);

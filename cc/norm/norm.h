@@ -131,6 +131,18 @@ constexpr int64_t kSplitMinSegment = 512;
 inline bool segment_split_shape(const Shape& s) {
   return path_of(s) == Path::kSegment && s.T >= kSplitMinSegment;
 }
+// The GPU training forward as two XLA calls, statistics then apply (jaxdnn/ops/norm.py), so that
+// XLA schedules the statistics passes of independent ops apart from their writes: a read right
+// after a ~200 MB write pays for the L2's dirty lines (H200, benchmarks/NOTES.md session 21).
+// Where the segment path takes its split forward, and on the column path (its three passes)
+// for one statistics matrix (P == 1: batch norm) of 4- or 8-byte values: float32 batch_norm
+// NHWC 0.92-0.94x XLA as one call, 0.96 as two (H200, session 22). Elsewhere two calls were no
+// faster than the column path's single-pass kernel (group_norm NHWC float32 0.89-0.92x either
+// way) or slower (bfloat16 batch and group norm, by 2-3%).
+inline bool two_call_forward(const Shape& s, DType dtype) {
+  return segment_split_shape(s) ||
+         (path_of(s) == Path::kColumn && s.P == 1 && dtype_bytes(dtype) >= 4);
+}
 inline int64_t fwd_table_slots(const Shape& s) {
   return segment_split_shape(s) ? 4 * s.P * s.A * s.C * s.K : 0;
 }

@@ -260,16 +260,19 @@ norm_fwd_p = _kernel_primitive("norm_fwd")
 
 
 def _fwd_lowering_cuda(ctx, x, scale, bias, *, shape, eps, centered):
-    """The GPU training forward. Where it takes the segment path's split forward (channels-first
-    batch and group norm, cc/norm/cuda_segment.cu), as two custom calls, the statistics
-    (mean, var and the workspace's coefficient table) and then the apply, so that XLA schedules
-    them as it schedules its own reductions and elementwise passes: a read right after a
-    write pays for the write-back of the L2's dirty lines (H200: a flat read of 205 MB, 46.8 us
-    alone, 56.3 right after a write), and XLA runs independent reductions one after another.
-    ``JAXDNN_NORM_ONE_CALL=1`` keeps the single call (for A/B runs)."""
+    """The GPU training forward. Where cc/norm/norm.h's ``two_call_forward`` says so (the
+    channels-last batch norm in 4- and 8-byte types, the channels-first segment path's split
+    forward), as two custom calls, the statistics (mean, var and the workspace's partials or
+    coefficient table) and then the apply, so that XLA schedules them as it schedules its own
+    reductions and elementwise passes: a read right after a write pays for the write-back of
+    the L2's dirty lines (H200: a flat read of 205 MB, 46.8 us alone, 56.3 right after a
+    write), and XLA runs independent reductions one after another. ``JAXDNN_NORM_ONE_CALL=1``
+    keeps the single call (for A/B runs)."""
     params = dict(shape=shape, eps=eps, centered=centered)
     dims = [shape.P, shape.A, shape.C, shape.K, shape.T, shape.Q]
-    if os.environ.get("JAXDNN_NORM_ONE_CALL") == "1" or not _ffi._cpu.norm_split_forward(dims):
+    x_dtype = np.dtype(ctx.avals_in[0].dtype).name
+    if (os.environ.get("JAXDNN_NORM_ONE_CALL") == "1"
+            or not _ffi._cpu.norm_two_call_forward(dims, x_dtype)):
         return _FWD_RULES["jaxdnn_norm_fwd"](ctx, x, scale, bias, **params)
     y_aval, mean_aval, var_aval, ws_aval = ctx.avals_out
     mean, var, ws = _FWD_RULES["jaxdnn_norm_fwd_stats"](
