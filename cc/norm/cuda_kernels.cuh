@@ -361,11 +361,6 @@ struct ShiftedSums {
     s1 += nb * d;
     s2 += m2_b + nb * d * d;
   }
-  __device__ __forceinline__ void add(const ShiftedSums& o) {
-    n += o.n;
-    s1 += o.s1;
-    s2 += o.s2;
-  }
   __device__ __forceinline__ ShiftedSums warp_sum() const {  // every lane gets the warp's sums
     const cuda::SumOp sum;
     return {cuda::warp_reduce(n, sum), cuda::warp_reduce(s1, sum), cuda::warp_reduce(s2, sum)};
@@ -468,8 +463,9 @@ __device__ __forceinline__ void merge_groups(const Fwd<D>& f, int64_t parts, Par
 // The launch of a merge kernel over `groups` groups of `parts` partials each: a block per team
 // (so that the teams' latency chains run on as many SMs as there are groups), a team of as many
 // warps as give each thread about two partials (a power of two, at most kFusedThreads threads).
-// group_norm NCHW's 16 partials per group in a team of 16 warps each took 21 us to merge on an
-// H200, the block's latency chain for a handful of loads.
+// H200: group_norm NCHW's 16 partials per group in a team of 16 warps each took 21 us to merge,
+// the block's latency chain for a handful of loads; batch_norm NCHW's 64 groups of 64 partials,
+// a warp each, 6.6 us in 4 blocks of 16 warps and 3.3 in 64 blocks of one.
 struct MergeLaunch {
   unsigned blocks;
   int threads;
