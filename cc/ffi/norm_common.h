@@ -213,58 +213,27 @@ inline ffi::Error prepare_norm_infer_bwd(const ffi::AnyBuffer& dy, const ffi::An
   return ffi::Error::Success();
 }
 
-// Operand lists of the four targets (identical on both platforms).
-template <typename B>
-auto bind_norm_fwd(B b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
-      .template Attr<I64Span>("shape").template Attr<float>("eps").template Attr<bool>("centered");
+// Operand lists of the targets (identical on both platforms): kArgs buffers in, kRets out, then
+// the shape and eps attributes and, for the training targets (kCentered), centered. (A binding
+// is not movable: each step returns a new one.)
+template <int kArgs, int kRets, bool kCentered, typename B>
+auto bind_norm(B&& b) {
+  if constexpr (kArgs > 0)
+    return bind_norm<kArgs - 1, kRets, kCentered>(
+        std::forward<B>(b).template Arg<ffi::AnyBuffer>());
+  else if constexpr (kRets > 0)
+    return bind_norm<0, kRets - 1, kCentered>(std::forward<B>(b).template Ret<ffi::AnyBuffer>());
+  else if constexpr (kCentered)
+    return std::forward<B>(b).template Attr<I64Span>("shape").template Attr<float>("eps")
+        .template Attr<bool>("centered");
+  else
+    return std::forward<B>(b).template Attr<I64Span>("shape").template Attr<float>("eps");
 }
-template <typename B>
-auto bind_norm_fwd_stats(B b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Attr<I64Span>("shape").template Attr<float>("eps").template Attr<bool>("centered");
-}
-template <typename B>
-auto bind_norm_fwd_apply(B b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Attr<I64Span>("shape").template Attr<float>("eps").template Attr<bool>("centered");
-}
-template <typename B>
-auto bind_norm_infer(B b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Attr<I64Span>("shape").template Attr<float>("eps");
-}
-template <typename B>
-auto bind_norm_bwd(B b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
-      .template Attr<I64Span>("shape").template Attr<float>("eps").template Attr<bool>("centered");
-}
-template <typename B>
-auto bind_norm_infer_bwd(B b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
-      .template Attr<I64Span>("shape").template Attr<float>("eps");
-}
+template <typename B> auto bind_norm_fwd(B b) { return bind_norm<3, 4, true>(std::move(b)); }
+template <typename B> auto bind_norm_fwd_stats(B b) { return bind_norm<3, 3, true>(std::move(b)); }
+template <typename B> auto bind_norm_fwd_apply(B b) { return bind_norm<6, 1, true>(std::move(b)); }
+template <typename B> auto bind_norm_infer(B b) { return bind_norm<5, 1, false>(std::move(b)); }
+template <typename B> auto bind_norm_bwd(B b) { return bind_norm<7, 4, true>(std::move(b)); }
+template <typename B> auto bind_norm_infer_bwd(B b) { return bind_norm<5, 6, false>(std::move(b)); }
 
 }  // namespace jaxdnn::ffi_util

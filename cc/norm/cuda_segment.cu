@@ -248,10 +248,10 @@ struct SegmentUnits {
   __device__ __forceinline__ int64_t begin(int64_t u) const {
     return u / pieces * T + u % pieces * len;
   }
-  __device__ __forceinline__ int64_t size(int64_t u) const {
-    const int64_t q = u % pieces;
+  __device__ __forceinline__ int64_t piece_size(int64_t q) const {
     return min(T, (q + 1) * len) - q * len;
   }
+  __device__ __forceinline__ int64_t size(int64_t u) const { return piece_size(u % pieces); }
 };
 
 // merge_groups' partials of group (p, c): the units of its A*K segments; partial i is piece
@@ -270,7 +270,7 @@ struct UnitParts {
     const int64_t t = pieces.div(i), q = i - t * su.pieces, a = K.div(t), k = t - a * s.K;
     const int64_t p = C.div(grp), c = grp - p * s.C;
     *idx = (((p * s.A + a) * s.C + c) * s.K + k) * su.pieces + q;
-    return double(min(su.T, (q + 1) * su.len) - q * su.len);  // su.size(*idx)
+    return double(su.piece_size(q));
   }
 };
 
@@ -421,6 +421,7 @@ __global__ void __launch_bounds__(kFusedThreads)
                    f.var[grp] = var;
                  }
                  const int64_t p = part.C.div(grp), c = grp - p * s.C;
+                 // (affine row p / Pq: a 64-bit division, skipped when there is one row)
                  const int64_t affine = ((s.Q == 1 ? 0 : p / s.Pq()) * s.C + c) * s.K;
                  const Acc* const scale = f.scale + affine;
                  const Acc* const bias = f.bias + affine;
