@@ -8,7 +8,8 @@ per op. Wall minus busy is time the GPU sat idle between kernels.
     PYTHONPATH=. python3 dev/kernel_trace.py --run-only batch_norm:float32  # (under ncu)
 
 Cases: the pooling ops of benchmarks/bench_pool.py (forward), the normalization cases of
-benchmarks/bench_norm.py (forward; NCHW ones as group_norm_nchw / batch_norm_nchw), and the
+benchmarks/bench_norm.py (forward; NCHW ones as group_norm_nchw / batch_norm_nchw), the
+activations of benchmarks/bench_activation.py (forward, as act_relu and so on), and the
 depthwise layers of the conv table (N=64, 56x56: 3x3 with C=144, 7x7 with C=96) as dw3_fwd,
 dw7_bwd_data, dw7_bwd_filter and so on; bn_mix is XLA's batch norm statistics followed by our
 batch_norm_inference (our apply kernel where XLA's elementwise one runs).
@@ -31,6 +32,7 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import bench_activation  # noqa: E402
 import bench_norm  # noqa: E402
 import bench_pool  # noqa: E402
 import jaxdnn  # noqa: E402
@@ -98,9 +100,17 @@ def depthwise_case(name, dtype):
     return direction_of(ours), direction_of(ref), args
 
 
+def activation_case(name, dtype):
+    """act_<op>: the activation's forward over bench_activation's 32768x4096."""
+    ours, ref = bench_activation.OPS[name[len("act_"):]]
+    x = np.random.default_rng(0).standard_normal((32768, 4096), np.float32)
+    return ours, ref, [(jnp.asarray(x + i, dtype),) for i in range(COPIES)]
+
+
 def make_case(name, dtype):
-    """(ours, ref, args) of a case by name: pooling, normalization or depthwise."""
+    """(ours, ref, args) of a case by name: pooling, normalization, activation or depthwise."""
     make = (pool_case if name in bench_pool.OPS else
+            activation_case if name.startswith("act_") else
             depthwise_case if name[:4] in ("dw3_", "dw7_") else
             mix_case if name == "bn_mix" else norm_case)
     return make(name, dtype)
