@@ -127,12 +127,14 @@ def norm_fused():
 def pool():
     for dt in DTYPES:
         x = rand((2, 11, 9, 5), dt)
-        for win, st, pad in (((3, 3), (2, 2), "SAME"), ((2, 2), (2, 2), "VALID"),
-                             ((3, 2), (1, 2), ((1, 1), (0, 1)))):
-            fwd_bwd(f"max_pool {win} {st} {pad} {dt.__name__}",
-                    lambda x: jaxdnn.max_pool(x, win, st, pad), x)
-            fwd_bwd(f"avg_pool {win} {st} {pad} {dt.__name__}",
-                    lambda x: jaxdnn.avg_pool(x, win, st, pad, count_include_pad=False), x)
+        for v, win, st, pad in ((x, (3, 3), (2, 2), "SAME"), (x, (2, 2), (2, 2), "VALID"),
+                                (x, (3, 2), (1, 2), ((1, 1), (0, 1))),
+                                (rand((2, 11, 9, 16), dt), (2, 2), (2, 2), "VALID")):  # tiles
+            c = v.shape[-1]
+            fwd_bwd(f"max_pool {win} {st} {pad} C={c} {dt.__name__}",
+                    lambda x: jaxdnn.max_pool(x, win, st, pad), v)
+            fwd_bwd(f"avg_pool {win} {st} {pad} C={c} {dt.__name__}",
+                    lambda x: jaxdnn.avg_pool(x, win, st, pad, count_include_pad=False), v)
         fwd_bwd(f"avg_pool 3-D {dt.__name__}",
                 lambda x: jaxdnn.avg_pool(x, (2, 2, 2), (1, 1, 1), "SAME"),
                 rand((2, 5, 6, 7, 3), dt))

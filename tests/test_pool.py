@@ -400,6 +400,30 @@ def test_gpu_strips_3x3_stride2(dtype):
 
 
 @pytest.mark.skipif(not has_gpu(), reason="no GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda v: v.__name__)
+def test_gpu_tiles_2x2_stride2(dtype):
+    """2x2/2 VALID on the GPU's tile kernel (cuda_pool.cu: one thread per output vector), odd
+    H and W (the last input row and column belong to no window), every dtype's vector width:
+    ties go to the first maximum (forward values and the gradient's selection), NaN wins its
+    window, averages exact."""
+    rng = np.random.default_rng(11)
+    shape, window, strides, padding = (5, 13, 17, 64), 2, 2, "VALID"
+    win, strd, pads = _geometry(shape, window, strides, padding)
+    x = rng.integers(0, 3, shape).astype(np.dtype(dtype))
+    ct = rng.integers(1, 5, _out_shape(shape, win, strd, pads)).astype(np.dtype(dtype))
+    for op in ("max", "avg"):
+        f = lambda v, op=op: ours(v, op, window, strides, padding)  # noqa: E731
+        y, dx = fwd_and_vjp(f)(*on("gpu", x, ct))
+        ref_y, ref_dx = ref_fwd_and_vjp(x, ct, op, win, strd, pads)
+        np.testing.assert_array_equal(np.asarray(y, np.float64), ref_y, err_msg=op)
+        np.testing.assert_array_equal(np.asarray(dx, np.float64), ref_dx, err_msg=op)
+    x[0, 3, 5, 2] = x[4, 10, 15, 63] = np.nan
+    with jax.default_device(CPU):
+        assert_close(ours(on("gpu", x), "max", window, strides, padding),
+                     ref_pool(x, "max", win, strd, pads), dtype, what="max tiles with NaN")
+
+
+@pytest.mark.skipif(not has_gpu(), reason="no GPU")
 def test_gpu_deterministic():
     rng = np.random.default_rng(8)
     x = on("gpu", rng.integers(0, 4, (4, 30, 30, 64)).astype(np.float32))

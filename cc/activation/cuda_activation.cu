@@ -97,6 +97,7 @@ activation_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restric
   using A = dev_acc_t<T>;
   using P = cuda::HeldPack<T, kVector>;
   constexpr bool kFast = sizeof(T) == 2;
+  cuda::await_prior_grids();
   const int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x;  // this thread's pack
   if (i < n / P::kN) {
     const P pa = P::load(a + i * P::kN);
@@ -117,6 +118,7 @@ activation_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restric
 template <bool kBackward>
 Status launch(const Problem& p, const void* a, const void* b, void* out, cudaStream_t stream) {
   bool dtype_ok = false;
+  Status status = Status::Ok();
   const bool op_ok = dispatch_op(p.op, [&](auto op) {
     dtype_ok = dispatch_io(p.dtype, p.dtype, [&](auto tag, auto) {
       using T = device_t<decltype(tag)>;
@@ -130,14 +132,16 @@ Status launch(const Problem& p, const void* a, const void* b, void* out, cudaStr
       auto run = [&](auto vec) {
         constexpr auto kernel = activation_kernel<kOp, kBackward, T, decltype(vec)::value>;
         const int64_t packs = p.n / cuda::Pack<T, decltype(vec)::value>::kN;
-        kernel<<<cuda::grid_for(packs, kThreads), kThreads, 0, stream>>>(at, bt, ot, p.n, alpha);
+        status = cuda::launch(kBackward ? "activation_kernel (backward)" : "activation_kernel",
+                              kernel, cuda::grid_for(packs, kThreads), kThreads, 0, stream, at,
+                              bt, ot, p.n, alpha);
       };
       if (vector) run(std::true_type{});
       else run(std::false_type{});
     });
   });
   if (!op_ok || !dtype_ok) return Status::Error("jaxdnn activation: unknown op code or dtype");
-  return cuda::check_launch(kBackward ? "activation_kernel (backward)" : "activation_kernel");
+  return status;
 }
 
 }  // namespace

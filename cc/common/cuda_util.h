@@ -1,5 +1,6 @@
 // CUDA helpers shared by every kernel file: element loads/stores in the accumulator type,
-// launch checks that name the kernel, and grid sizing (plain and persistent grids).
+// launches (programmatic dependent launch) and their checks that name the kernel, and grid
+// sizing (plain and persistent grids).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,8 +11,10 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "cc/common/dtype.h"
+#include "cc/common/env.h"
 #include "cc/common/status.h"
 
 namespace jaxdnn::cuda {
@@ -69,6 +72,60 @@ inline Status check(cudaError_t e, const char* what) {
   (void)cudaGetLastError();  // clear it, so that the next launch check does not report it again
   return Status::Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) + ": " +
                        cudaGetErrorString(e));
+}
+
+// Programmatic dependent launch (sm_90), the way XLA:GPU launches its own fusions. A kernel
+// started by `launch` is launched as the kernel before it on the stream drains (when its last
+// block exits) instead of after that kernel has completed and flushed; its first statement must
+// be await_prior_grids(), which holds every thread until the grids before it have completed and
+// their writes are visible, the same order as a plain launch. Kernel trace on the H200: back-to-
+// back plain launches start 0.3-0.9 us after the previous kernel ends, XLA's fusions 0.1-0.3 us
+// before. There is no early trigger (griddepcontrol.launch_dependents at a kernel's start): the
+// dependent grid's blocks then sat resident and waiting through the whole of a one-wave kernel,
+// and batch_norm NCHW's two-call forward lost 5.7 us (benchmarks/NOTES.md, session 23).
+// JAXDNN_NO_PDL=1 launches plainly.
+__device__ __forceinline__ void await_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+inline bool dependent_launch() {
+  static const bool on = env_switch("JAXDNN_NO_PDL") != '1';
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch, in
+// clusters of `cluster` blocks along x (0: no clusters), checked (check_launch(name)). kernel
+// must begin with await_prior_grids().
+template <typename... Params, typename... Args>
+Status launch_clusters(const char* name, unsigned cluster, void (*kernel)(Params...), dim3 grid,
+                       dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (dependent_launch()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 0) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n++].val.clusterDim = {cluster, 1, 1};
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  return e == cudaSuccess ? check_launch(name) : check(e, name);
+}
+
+template <typename... Params, typename... Args>
+Status launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+              cudaStream_t stream, Args&&... args) {
+  return launch_clusters(name, 0, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // Streaming multiprocessors of the current device (0 if it cannot be queried).

@@ -191,6 +191,7 @@ template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads, stats_blocks_per_sm<D>())
     column_stats_kernel(Fwd<D> f, ColumnGrid g) {
   using Acc = A<D>;
+  cuda::await_prior_grids();
   __shared__ Acc scratch[(1 + 2 * VEC) * kThreads];
   const Shape& s = f.s;
   const int64_t CK = s.CK();
@@ -211,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, stats_blocks_per_sm<D>())
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads, 4) column_apply_kernel(Fwd<D> f, ColumnGrid g) {
   using Acc = A<D>;
+  cuda::await_prior_grids();
   const Shape& s = f.s;
   const int64_t CK = s.CK();
   const ColumnThread t(s, g, VEC, true);
@@ -230,6 +232,7 @@ __global__ void __launch_bounds__(kThreads, 4) column_apply_kernel(Fwd<D> f, Col
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads) column_grads_kernel(Bwd<D> b, ColumnGrid g) {
   using Acc = A<D>;
+  cuda::await_prior_grids();
   __shared__ Acc s1[VEC][kThreads], s2[VEC][kThreads];
   const Shape& s = b.s;
   const int64_t CK = s.CK();
@@ -287,6 +290,7 @@ __global__ void __launch_bounds__(kThreads) column_grads_kernel(Bwd<D> b, Column
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads) column_dx_kernel(Bwd<D> b, ColumnGrid g) {
   using Acc = A<D>;
+  cuda::await_prior_grids();
   const Shape& s = b.s;
   const int64_t CK = s.CK();
   const ColumnThread t(s, g, VEC, true);
@@ -435,8 +439,7 @@ Status launch_columns(const View& v, bool aligned, Kernel scalar, Kernel vector,
                       int64_t rps, const char* name, cudaStream_t st) {
   const bool vec = aligned && v.s.CK() % vec_n == 0;
   const ColumnGrid g = column_grid(v.s, vec ? vec_n : 1, kThreads, rps);
-  (vec ? vector : scalar)<<<unsigned(g.blocks), kThreads, 0, st>>>(v, g);
-  return cuda::check_launch(name);
+  return cuda::launch(name, vec ? vector : scalar, unsigned(g.blocks), kThreads, 0, st, v, g);
 }
 
 }  // namespace

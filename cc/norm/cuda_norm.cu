@@ -29,6 +29,7 @@ constexpr int kMergeThreads = 256;
 template <typename D, typename Div>
 __global__ void __launch_bounds__(kFusedThreads) stats_merge_kernel(Fwd<D> f,
                                                                     SliceParts<Div> part) {
+  cuda::await_prior_grids();
   merge_groups(f, part.slices * f.s.K, part);
 }
 
@@ -36,6 +37,7 @@ template <typename D>
 __global__ void __launch_bounds__(kMergeThreads) grad_merge_kernel(Bwd<D> b, int64_t slices) {
   using Acc = A<D>;
   __shared__ double scratch[32];
+  cuda::await_prior_grids();
   const Shape& s = b.s;
   const int tid = threadIdx.x;
   for (int64_t grp = blockIdx.x; grp < s.groups(); grp += gridDim.x) {
@@ -67,6 +69,7 @@ __global__ void __launch_bounds__(kParamCols* kParamSplits)
     param_reduce_kernel(const Acc* ws0, const Acc* ws1, Acc* dscale, Acc* dbias, int64_t R,
                         int64_t CK, int64_t tiles) {
   __shared__ double part[2][kParamSplits][kParamCols];  // (ws plane, split, column)
+  cuda::await_prior_grids();
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t q = blockIdx.x / tiles, j = blockIdx.x % tiles * kParamCols + tx;
   double a0 = 0, a1 = 0;
@@ -96,20 +99,19 @@ Status merge_stats(const Fwd<D>& f, cudaStream_t st) {
   const int64_t slices = (s.A + rps - 1) / rps;
   const MergeLaunch ml = merge_launch(s.groups(), slices * s.K);
   constexpr int64_t kIndex = int64_t(1) << 31;
+  constexpr const char* kName = "norm stats_merge_kernel";
   if (slices * s.K < kIndex && s.groups() < kIndex)
-    stats_merge_kernel<<<ml.blocks, ml.threads, 0, st>>>(
-        f, SliceParts<cuda::FastDiv>(s, slices, rps));
-  else
-    stats_merge_kernel<<<ml.blocks, ml.threads, 0, st>>>(
-        f, SliceParts<cuda::PlainDiv>(s, slices, rps));
-  return cuda::check_launch("norm stats_merge_kernel");
+    return cuda::launch(kName, stats_merge_kernel<D, cuda::FastDiv>, ml.blocks, ml.threads, 0, st,
+                        f, SliceParts<cuda::FastDiv>(s, slices, rps));
+  return cuda::launch(kName, stats_merge_kernel<D, cuda::PlainDiv>, ml.blocks, ml.threads, 0, st,
+                      f, SliceParts<cuda::PlainDiv>(s, slices, rps));
 }
 
 template <typename D>
 Status merge_grads(const Bwd<D>& b, cudaStream_t st) {
   const unsigned grid = unsigned(std::min<int64_t>(b.s.groups(), 132 * 16));
-  grad_merge_kernel<D><<<grid, kMergeThreads, 0, st>>>(b, num_slices(b.s));
-  return cuda::check_launch("norm grad_merge_kernel");
+  return cuda::launch("norm grad_merge_kernel", grad_merge_kernel<D>, grid, kMergeThreads, 0, st,
+                      b, num_slices(b.s));
 }
 
 template <typename Acc>
@@ -117,9 +119,9 @@ Status reduce_params(const Acc* ws0, const Acc* ws1, Acc* dscale, Acc* dbias, co
                      int64_t R, cudaStream_t st) {
   const int64_t tiles = (s.CK() + kParamCols - 1) / kParamCols;
   if (s.Q * tiles == 0) return Status::Ok();
-  param_reduce_kernel<Acc><<<unsigned(s.Q * tiles), dim3(kParamCols, kParamSplits), 0, st>>>(
-      ws0, ws1, dscale, dbias, R, s.CK(), tiles);
-  return cuda::check_launch("norm param_reduce_kernel");
+  return cuda::launch("norm param_reduce_kernel", param_reduce_kernel<Acc>, unsigned(s.Q * tiles),
+                      dim3(kParamCols, kParamSplits), 0, st, ws0, ws1, dscale, dbias, R, s.CK(),
+                      tiles);
 }
 
 // Runs the steps in order, stopping at the first failure.

@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(cuda::row_block_threads<G>()) row_fwd_kernel(F
   using Slice = cuda::RowSlice<D, NP, kVector>;
   constexpr int kN = Slice::kN, kRowsPerBlock = cuda::rows_per_block<G>();
   __shared__ Acc scratch[32];
+  cuda::await_prior_grids();
   const int64_t R = f.s.groups(), K = f.s.K;
   const cuda::RowMap<G, NP, kN> map{int(threadIdx.x % G), int(K)};
   const auto load = [&](int64_t r) {
@@ -109,6 +110,7 @@ __global__ void __launch_bounds__(512) row_bwd_kernel(Bwd<D> b, int64_t slices) 
   constexpr int E = NV * VEC;
   __shared__ Acc scratch[32];
   __shared__ Acc part[2][4][32 * E];  // (dscale|dbias, row group, column) when RPB > 1
+  cuda::await_prior_grids();
   const int tid = threadIdx.x, RT = blockDim.x;
   const Shape& s = b.s;
   const int64_t K = s.K;
@@ -200,6 +202,7 @@ template <typename D>
 __global__ void __launch_bounds__(kStreamThreads) row_fwd_stream_kernel(Fwd<D> f) {
   using Acc = A<D>;
   __shared__ Moments<Acc> sm[kStreamThreads];
+  cuda::await_prior_grids();
   const int tid = threadIdx.x;
   const int64_t K = f.s.K;
   for (int64_t r = blockIdx.x; r < f.s.groups(); r += gridDim.x) {
@@ -237,6 +240,7 @@ template <typename D>
 __global__ void __launch_bounds__(kStreamThreads) row_bwd_stream_kernel(Bwd<D> b, int64_t slices) {
   using Acc = A<D>;
   __shared__ Acc scratch[32];
+  cuda::await_prior_grids();
   const int tid = threadIdx.x;
   const Shape& s = b.s;
   const int64_t K = s.K;
@@ -319,10 +323,12 @@ Status row_forward(const Fwd<D>& f, cudaStream_t st) {
                        cuda::vec_aligned(f.scale) && cuda::vec_aligned(f.bias) &&
                        f.s.K % kVecN == 0;
   const int64_t rows = f.s.groups();
+  Status status;
   auto run = [&](auto group, auto packs, auto vector) {
     constexpr int G = decltype(group)::value, threads = cuda::row_block_threads<G>();
     constexpr auto kernel = row_fwd_kernel<D, G, decltype(packs)::value, decltype(vector)::value>;
-    kernel<<<cuda::grid_for(rows, cuda::rows_per_block<G>()), threads, 0, st>>>(f);
+    status = cuda::launch("norm row_fwd_kernel", kernel,
+                          cuda::grid_for(rows, cuda::rows_per_block<G>()), threads, 0, st, f);
   };
   // Packs of a row: 16-byte vectors when aligned, else single values.
   const auto shape = [&](int64_t packs, auto vector) {
@@ -331,9 +337,9 @@ Status row_forward(const Fwd<D>& f, cudaStream_t st) {
   };
   const bool cached = aligned ? shape(f.s.K / kVecN, std::true_type{})
                               : shape(f.s.K, std::false_type{});
-  if (cached) return cuda::check_launch("norm row_fwd_kernel");
-  row_fwd_stream_kernel<D><<<cuda::grid_for(rows, 1, 132 * 16), kStreamThreads, 0, st>>>(f);
-  return cuda::check_launch("norm row_fwd_stream_kernel");
+  if (cached) return status;
+  return cuda::launch("norm row_fwd_stream_kernel", row_fwd_stream_kernel<D>,
+                      cuda::grid_for(rows, 1, 132 * 16), kStreamThreads, 0, st, f);
 }
 
 template <typename D>
@@ -346,17 +352,18 @@ Status row_backward(const Bwd<D>& b, int64_t slices, cudaStream_t st) {
   const RowConfig c = row_config(b.s.K, Vec<D>::kN, aligned, kMaxE, 512, 512);
   const int64_t blocks = b.s.Q * slices * b.s.C;
   if (blocks == 0) return Status::Ok();
-  if (!c.cached) {
-    row_bwd_stream_kernel<D><<<unsigned(blocks), kStreamThreads, 0, st>>>(b, slices);
-    return cuda::check_launch("norm row_bwd_stream_kernel");
-  }
+  if (!c.cached)
+    return cuda::launch("norm row_bwd_stream_kernel", row_bwd_stream_kernel<D>, unsigned(blocks),
+                        kStreamThreads, 0, st, b, slices);
+  Status status = Status::Error("norm row_bwd_kernel: no configuration for the row");
   with_vec<D>(c.vec, [&](auto vec) {
     with_nv(c.nv, [&](auto nv) {
       if constexpr (nv() * vec() <= kMaxE)
-        row_bwd_kernel<D, vec(), nv()><<<unsigned(blocks), dim3(c.rt, c.rpb), 0, st>>>(b, slices);
+        status = cuda::launch("norm row_bwd_kernel", row_bwd_kernel<D, vec(), nv()>,
+                              unsigned(blocks), dim3(c.rt, c.rpb), 0, st, b, slices);
     });
   });
-  return cuda::check_launch("norm row_bwd_kernel");
+  return status;
 }
 
 JAXDNN_NORM_CUDA_INSTANTIATE(row_forward, Fwd);

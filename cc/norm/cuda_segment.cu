@@ -144,6 +144,7 @@ template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads) segment_stats_kernel(Fwd<D> f, SegmentGrid g) {
   using Acc = A<D>;
   __shared__ Moments<Acc> sm[kThreads];
+  cuda::await_prior_grids();
   const int64_t T = f.s.T;
   const int lane = int(threadIdx.x) % g.rt, base = int(threadIdx.x) - lane;
   for_segment_groups(g, false, [&](int64_t r) {
@@ -169,6 +170,7 @@ __global__ void __launch_bounds__(kThreads) segment_stats_kernel(Fwd<D> f, Segme
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads) segment_apply_kernel(Fwd<D> f, SegmentGrid g) {
   using Acc = A<D>;
+  cuda::await_prior_grids();
   const int64_t T = f.s.T;
   const int lane = int(threadIdx.x) % g.rt;
   for_segment_groups(g, true, [&](int64_t r) {
@@ -190,6 +192,7 @@ template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads) segment_grads_kernel(Bwd<D> b, SegmentGrid g) {
   using Acc = A<D>;
   __shared__ Acc scratch[32];
+  cuda::await_prior_grids();
   const int64_t T = b.s.T;
   const int lane = int(threadIdx.x) % g.rt;
   for_segment_groups(g, false, [&](int64_t r) {
@@ -223,6 +226,7 @@ __global__ void __launch_bounds__(kThreads) segment_grads_kernel(Bwd<D> b, Segme
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads) segment_dx_kernel(Bwd<D> b, SegmentGrid g) {
   using Acc = A<D>;
+  cuda::await_prior_grids();
   const int64_t T = b.s.T;
   const int lane = int(threadIdx.x) % g.rt;
   for_segment_groups(g, true, [&](int64_t r) {
@@ -392,6 +396,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     segment_unit_stats_kernel(Fwd<D> f, SegmentUnits su) {
   using Acc = A<D>;
   using Pk = PackOf<D, VEC>;
+  cuda::await_prior_grids();
   const int lane = threadIdx.x % 32;
   const int64_t u = blockIdx.x * int64_t(kThreads / 32) + threadIdx.x / 32;
   if (u >= su.units) return;  // the warp's lanes alike
@@ -413,6 +418,7 @@ template <typename D>
 __global__ void __launch_bounds__(kFusedThreads)
     segment_table_merge_kernel(Fwd<D> f, UnitParts<cuda::FastDiv> part) {
   using Acc = A<D>;
+  cuda::await_prior_grids();
   const Shape& s = f.s;
   merge_groups(f, s.A * s.K * part.su.pieces, part,
                [&](int64_t grp, Acc mean, Acc var, int lane) {
@@ -446,6 +452,7 @@ template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads)
     segment_table_apply_kernel(Fwd<D> f, unsigned packs, unsigned seg_packs) {
   using Acc = A<D>;
+  cuda::await_prior_grids();
   const unsigned i = (gridDim.x - 1 - blockIdx.x) * unsigned(kThreads) + threadIdx.x;
   if (i >= packs) return;
   Acc row[4];
@@ -489,17 +496,17 @@ Status launch_segments(const View& v, bool aligned, const char* name, cudaStream
   const bool vec = aligned && v.s.T % Vec<D>::kN == 0;
   const SegmentGrid g = segment_grid(v.s, vec ? Vec<D>::kN : 1);
   const unsigned grid = unsigned(std::min<int64_t>(g.groups, 132 * 64));
-  if (vec) Launch<D, Vec<D>::kN>::run(v, g, grid, st);
-  else Launch<D, 1>::run(v, g, grid, st);
-  return cuda::check_launch(name);
+  if (vec) return Launch<D, Vec<D>::kN>::run(v, g, grid, name, st);
+  return Launch<D, 1>::run(v, g, grid, name, st);
 }
 
-#define JAXDNN_SEGMENT_LAUNCH(Name, kernel, View)                                            \
-  template <typename D, int VEC>                                                             \
-  struct Name {                                                                              \
-    static void run(const View<D>& v, const SegmentGrid& g, unsigned grid, cudaStream_t st) { \
-      kernel<D, VEC><<<grid, kThreads, 0, st>>>(v, g);                                       \
-    }                                                                                        \
+#define JAXDNN_SEGMENT_LAUNCH(Name, kernel, View)                                              \
+  template <typename D, int VEC>                                                               \
+  struct Name {                                                                                \
+    static Status run(const View<D>& v, const SegmentGrid& g, unsigned grid, const char* name, \
+                      cudaStream_t st) {                                                       \
+      return cuda::launch(name, kernel<D, VEC>, grid, kThreads, 0, st, v, g);                  \
+    }                                                                                          \
   };
 JAXDNN_SEGMENT_LAUNCH(StatsLaunch, segment_stats_kernel, Fwd)
 JAXDNN_SEGMENT_LAUNCH(ApplyLaunch, segment_apply_kernel, Fwd)
@@ -576,23 +583,22 @@ template <typename D>
 Status split_stats(const Fwd<D>& f, const SegmentUnits& su, cudaStream_t st) {
   constexpr int64_t kWarps = kThreads / 32;
   const Shape& s = f.s;
-  segment_unit_stats_kernel<D, Vec<D>::kN>
-      <<<unsigned((su.units + kWarps - 1) / kWarps), kThreads, 0, st>>>(f, su);
-  Status status = cuda::check_launch("norm segment_unit_stats_kernel");
+  Status status = cuda::launch("norm segment_unit_stats_kernel",
+                               segment_unit_stats_kernel<D, Vec<D>::kN>,
+                               unsigned((su.units + kWarps - 1) / kWarps), kThreads, 0, st, f, su);
   if (!status.ok()) return status;
   const MergeLaunch ml = merge_launch(s.groups(), s.A * s.K * su.pieces);
-  segment_table_merge_kernel<D>
-      <<<ml.blocks, ml.threads, 0, st>>>(f, UnitParts<cuda::FastDiv>(s, su));
-  return cuda::check_launch("norm segment_table_merge_kernel");
+  return cuda::launch("norm segment_table_merge_kernel", segment_table_merge_kernel<D>, ml.blocks,
+                      ml.threads, 0, st, f, UnitParts<cuda::FastDiv>(s, su));
 }
 
 template <typename D>
 Status split_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
   const int64_t packs = f.s.elems() / N;
-  segment_table_apply_kernel<D, N><<<unsigned((packs + kThreads - 1) / kThreads), kThreads, 0,
-                                     st>>>(f, unsigned(packs), unsigned(f.s.T / N));
-  return cuda::check_launch("norm segment_table_apply_kernel");
+  return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N>,
+                      unsigned((packs + kThreads - 1) / kThreads), kThreads, 0, st, f,
+                      unsigned(packs), unsigned(f.s.T / N));
 }
 
 }  // namespace

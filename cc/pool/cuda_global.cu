@@ -32,6 +32,7 @@ global_fwd_kernel(Geom g, const T* __restrict__ x, T* __restrict__ y, Idx* __res
   using A = dev_acc_t<T>;
   using State = WindowState<A, V, R>;
   __shared__ State part[kThreads];  // (rows, lanes)
+  cuda::await_prior_grids();
   cg::cluster_group cluster = cg::this_cluster();
   const int32_t S = int32_t(cluster.num_blocks()), rank = int32_t(cluster.block_rank());
   const int32_t group = blockIdx.x / S;  // (n, chunk) reduced by this cluster
@@ -85,41 +86,24 @@ Status launch_global(const Args& a, const Buffers& b, cudaStream_t stream) {
   T* y = static_cast<T*>(b.result);
   Idx* idx = static_cast<Idx*>(b.index_out);
   return over_batch_slices(p, lanes, [&](const Geom& g, int64_t n0) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(int64_t(g.N) * chunks * S));
-    cfg.blockDim = dim3(unsigned(lanes), unsigned(rows));
-    cfg.stream = stream;
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = unsigned(S);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
     const T* xs = x + n0 * p.in_spatial() * p.C;
     T* ys = y + n0 * p.C;
     Idx* is = idx == nullptr ? nullptr : idx + n0 * p.C;
-    cudaError_t e = cudaSuccess;
+    const dim3 grid{unsigned(int64_t(g.N) * chunks * S)}, block{unsigned(lanes), unsigned(rows)};
+    auto run = [&](auto kernel, auto* index) {
+      return cuda::launch_clusters("pool global_fwd_kernel", unsigned(S), kernel, grid, block, 0,
+                                   stream, g, xs, ys, index, chunks);
+    };
     switch (a.op) {
       case Op::kMaxFwd:
-        e = cudaLaunchKernelEx(&cfg, global_fwd_kernel<T, V, Reduce::kMax, uint8_t>, g, xs, ys,
-                               static_cast<uint8_t*>(nullptr), chunks);
-        break;
+        return run(global_fwd_kernel<T, V, Reduce::kMax, uint8_t>, static_cast<uint8_t*>(nullptr));
       case Op::kMaxFwdIndex:
-        e = cudaLaunchKernelEx(&cfg, global_fwd_kernel<T, V, Reduce::kMaxIndex, Idx>, g, xs, ys,
-                               is, chunks);
-        break;
+        return run(global_fwd_kernel<T, V, Reduce::kMaxIndex, Idx>, is);
       case Op::kAvgFwd:
-        e = cudaLaunchKernelEx(&cfg, global_fwd_kernel<T, V, Reduce::kAvg, uint8_t>, g, xs, ys,
-                               static_cast<uint8_t*>(nullptr), chunks);
-        break;
+        return run(global_fwd_kernel<T, V, Reduce::kAvg, uint8_t>, static_cast<uint8_t*>(nullptr));
       default:
         return Status::Error("pool global: not a forward op");
     }
-    if (e != cudaSuccess)
-      return Status::Error(std::string("CUDA error launching pool global_fwd_kernel: ") +
-                           cudaGetErrorString(e));
-    return cuda::check_launch("pool global_fwd_kernel");
   });
 }
 

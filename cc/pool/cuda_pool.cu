@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 window_fwd_kernel(Geom g, FastDiv q_groups, const T* __restrict__ x, T* __restrict__ y,
                   Idx* __restrict__ idx, bool include_pad) {
   using A = dev_acc_t<T>;
+  cuda::await_prior_grids();
   const int32_t items = g.N * g.out[0] * g.out[1] * int32_t(q_groups.d) * g.lanes;
   for (int64_t i = blockIdx.x * kThreads + threadIdx.x; i < items; i += gridDim.x * kThreads) {
     const int32_t e = int32_t(i);  // (the 64-bit counter cannot overflow past `items`)
@@ -147,6 +148,42 @@ window_fwd_kernel(Geom g, FastDiv q_groups, const T* __restrict__ x, T* __restri
   }
 }
 
+// ---- tile forward ----
+
+// One thread per output vector of a pool whose windows tile the input (window == stride == kK
+// along H and W, 1 along D, no padding): its kK x kK taps are loaded at once (kK*kK 16-byte
+// loads in flight, held as raw words) and reduced in window order, so results equal
+// window_fwd's bit for bit. No loop, ~30 registers: XLA's shape for these pools.
+template <typename T, int kK, Reduce R, typename Idx>
+__global__ void __launch_bounds__(kThreads)
+    tile_fwd_kernel(Geom g, const T* __restrict__ x, T* __restrict__ y, Idx* __restrict__ idx) {
+  using A = dev_acc_t<T>;
+  using W = cuda::Words<T>;
+  constexpr int V = W::kN;
+  cuda::await_prior_grids();
+  const int32_t e = int32_t(blockIdx.x) * kThreads + int32_t(threadIdx.x);
+  if (e >= g.N * g.out_spatial() * g.lanes) return;
+  int32_t lane, z, pp, q;
+  const int32_t n = g.split(g.lanes_div.divmod(e, &lane), g.out_div, &z, &pp, &q);
+  const T* in = x + (((n * g.in[0] + z) * g.in[1] + pp * kK) * g.in[2] + q * kK) * g.C + lane * V;
+  W taps[kK * kK];  // (row, column) of the window
+#pragma unroll
+  for (int r = 0; r < kK; ++r)
+#pragma unroll
+    for (int c = 0; c < kK; ++c) taps[r * kK + c] = W::load(in + (r * g.in[2] + c) * g.C);
+  WindowState<A, V, R> st;
+  st.init();
+#pragma unroll
+  for (int k = 0; k < kK * kK; ++k) {
+    A v[V];
+    taps[k].unpack(v);
+    st.add_tap(v, k);
+  }
+  // Output (n, z, pp, q), channels lane*V: position e / lanes, so offset e*V (C = lanes*V).
+  st.template store<T, V, Idx>(0, y + e * V, R == Reduce::kMaxIndex ? idx + e * V : nullptr,
+                               A(1) / A(kK * kK));
+}
+
 // ---- strip forward ----
 
 // A shape the strip kernel is compiled for: window kW and stride kStride along W, and kLive =
@@ -176,6 +213,7 @@ strip_fwd_kernel(Geom g, FastDiv q_groups, FastDiv strips, int32_t strip_rows,
                  const T* __restrict__ x, T* __restrict__ y, Idx* __restrict__ idx,
                  bool include_pad) {
   using A = dev_acc_t<T>;
+  cuda::await_prior_grids();
   constexpr int V = cuda::Vec<T>::kN, J = kStripCols<T, R>, KW = Shape::kW, SW = Shape::kStride;
   constexpr int L = Shape::kLive, kCols = (J - 1) * SW + KW, kRing = kStripAhead + 1;
   using State = WindowState<A, V, R>;
@@ -314,6 +352,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 window_bwd_kernel(Geom g, const T* __restrict__ dy, const Idx* __restrict__ idx,
                   T* __restrict__ dx, bool include_pad) {
   using A = dev_acc_t<T>;
+  cuda::await_prior_grids();
   const int32_t items = g.N * g.in_spatial() * g.lanes;
   for (int64_t i = blockIdx.x * kThreads + threadIdx.x; i < items; i += gridDim.x * kThreads) {
     const int32_t e = int32_t(i);  // (the 64-bit counter cannot overflow past `items`)
@@ -373,6 +412,7 @@ template <typename T, typename Idx>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
 max_gather_kernel(Geom g, const T* __restrict__ t, const Idx* __restrict__ idx,
                   T* __restrict__ y) {
+  cuda::await_prior_grids();
   const int32_t items = g.N * g.out_spatial() * g.C;  // lanes == C: one channel per thread
   const int32_t RS = g.window[1] * g.window[2];
   for (int64_t i = blockIdx.x * kThreads + threadIdx.x; i < items; i += gridDim.x * kThreads) {
@@ -435,10 +475,57 @@ void with_layout(Layout l, Fn&& fn) {
   }
 }
 
-// JAXDNN_POOL_NO_STRIP=1 sends every forward to window_fwd_kernel (for A/B runs).
+// JAXDNN_POOL_NO_STRIP=1 and JAXDNN_POOL_NO_TILE=1 send the forwards of those kernels to
+// window_fwd_kernel (for A/B runs).
 bool strip_enabled() {
   static const bool off = env_switch("JAXDNN_POOL_NO_STRIP") == '1';
   return !off;
+}
+bool tile_enabled() {
+  static const bool off = env_switch("JAXDNN_POOL_NO_TILE") == '1';
+  return !off;
+}
+
+// The forward ops on tile_fwd_kernel when the windows tile the input (2x2, stride 2, no
+// padding, on the vector path): sets *status and returns true, else launches nothing and
+// returns false.
+template <typename T, typename Idx>
+bool tile_forward(const Args& a, const Buffers& b, const Layout& layout, cudaStream_t stream,
+                  Status* status) {
+  constexpr int kN = cuda::Vec<T>::kN, kK = 2;
+  const Problem& p = a.p;
+  bool tiles = tile_enabled() && layout.vec == kN && p.window[0] == 1 && p.stride[0] == 1;
+  for (int ax = 0; ax < 3; ++ax) {
+    tiles = tiles && p.pad_lo[ax] == 0 && p.pad_hi[ax] == 0;
+    if (ax > 0) tiles = tiles && p.window[ax] == kK && p.stride[ax] == kK;
+  }
+  if (!tiles) return false;
+  const int64_t xi = p.in_spatial() * p.C, yi = p.out_spatial() * p.C;  // per image
+  const T* in = static_cast<const T*>(b.a);
+  T* out = static_cast<T*>(b.result);
+  Idx* idx_out = static_cast<Idx*>(b.index_out);
+  *status = over_batch_slices(p, int32_t(p.C / kN), [&](const Geom& g, int64_t n0) {
+    const unsigned grid = cuda::grid_for(int64_t(g.N) * p.out_spatial() * g.lanes, kThreads);
+    auto run = [&](auto kernel, auto* index, const char* name) {
+      return cuda::launch(name, kernel, grid, kThreads, 0, stream, g, in + n0 * xi,
+                          out + n0 * yi, index);
+    };
+    uint8_t* const none = nullptr;
+    switch (a.op) {
+      case Op::kMaxFwd:
+        return run(tile_fwd_kernel<T, kK, Reduce::kMax, uint8_t>, none,
+                   "pool tile_fwd_kernel (max)");
+      case Op::kMaxFwdIndex:
+        return run(tile_fwd_kernel<T, kK, Reduce::kMaxIndex, Idx>, idx_out + n0 * yi,
+                   "pool tile_fwd_kernel (max with index)");
+      case Op::kAvgFwd:
+        return run(tile_fwd_kernel<T, kK, Reduce::kAvg, uint8_t>, none,
+                   "pool tile_fwd_kernel (avg)");
+      default:
+        return Status::Error("pool: unexpected op");
+    }
+  });
+  return true;
 }
 
 // One strip_fwd_kernel launch over the planes of g. Strip length: as many strips per plane as
@@ -457,10 +544,10 @@ Status launch_strip(const Problem& p, const Geom& g, const T* x, T* y, I* idx, b
           std::numeric_limits<int64_t>::max());
   const int64_t want = std::clamp<int64_t>(wave * kThreads / per_strip, 1, p.out[1]);
   const int64_t rows = (p.out[1] + want - 1) / want, strips = (p.out[1] + rows - 1) / rows;
-  strip_fwd_kernel<T, S, R, I>
-      <<<cuda::grid_for(per_strip * strips, kThreads), kThreads, 0, stream>>>(
-          g, FastDiv(uint32_t(groups)), FastDiv(uint32_t(strips)), int32_t(rows), x, y, idx, inc);
-  return cuda::check_launch("pool strip_fwd_kernel");
+  return cuda::launch("pool strip_fwd_kernel", strip_fwd_kernel<T, S, R, I>,
+                      cuda::grid_for(per_strip * strips, kThreads), kThreads, 0, stream, g,
+                      FastDiv(uint32_t(groups)), FastDiv(uint32_t(strips)), int32_t(rows), x, y,
+                      idx, inc);
 }
 
 // The forward ops on strip_fwd_kernel when it covers the problem (2-D windows on the vector
@@ -521,14 +608,16 @@ Status run_typed(const Args& a, const Buffers& b, cudaStream_t stream) {
   if (a.op == Op::kMaxGather) {
     return over_batch_slices(p, int32_t(p.C), [&](const Geom& g, int64_t n0) {
       const int64_t items = g.N * p.out_spatial() * p.C;
-      max_gather_kernel<T, Idx><<<cuda::grid_for(items, kThreads), kThreads, 0, stream>>>(
-          g, in + n0 * xi, idx_in + n0 * yi, out + n0 * yi);
-      return cuda::check_launch("pool max_gather_kernel");
+      return cuda::launch("pool max_gather_kernel", max_gather_kernel<T, Idx>,
+                          cuda::grid_for(items, kThreads), kThreads, 0, stream, g, in + n0 * xi,
+                          idx_in + n0 * yi, out + n0 * yi);
     });
   }
   const bool bwd = a.op == Op::kMaxScatter || a.op == Op::kAvgBwd;
   const Layout layout = choose_layout<T, Idx>(p, b, !bwd);
-  if (!bwd && strip_forward<T, Idx>(a, b, layout, stream, &status)) return status;
+  if (!bwd && (tile_forward<T, Idx>(a, b, layout, stream, &status) ||
+               strip_forward<T, Idx>(a, b, layout, stream, &status)))
+    return status;
   with_layout<kN, sizeof(Idx) == 1>(layout, [&](auto v_c, auto g_c) {
     constexpr int V = decltype(v_c)::value, G = decltype(g_c)::value;
     const int32_t lanes = int32_t(p.C / (V * G));
@@ -542,18 +631,15 @@ Status run_typed(const Args& a, const Buffers& b, cudaStream_t stream) {
           constexpr int J = decltype(j_c)::value;
           const int64_t groups = (p.out[2] + J - 1) / J;
           const int64_t items = g.N * p.out[0] * p.out[1] * groups * lanes;
-          if (items == 0) return;
-          window_fwd_kernel<T, V, G, J, decltype(r_c)::value, I>
-              <<<cuda::grid_for(items, kThreads), kThreads, 0, stream>>>(
-                  g, FastDiv(uint32_t(groups)), in + n0 * xi, out + n0 * yi, index, inc);
+          if (items == 0) return Status::Ok();
+          return cuda::launch(name, window_fwd_kernel<T, V, G, J, decltype(r_c)::value, I>,
+                              cuda::grid_for(items, kThreads), kThreads, 0, stream, g,
+                              FastDiv(uint32_t(groups)), in + n0 * xi, out + n0 * yi, index, inc);
         };
         if constexpr (sizeof(I) == 1 && V * G * 2 <= 16) {
-          if (layout.cols == 2) launch(std::integral_constant<int, 2>{});
-          else launch(std::integral_constant<int, 1>{});
-        } else {
-          launch(std::integral_constant<int, 1>{});
+          if (layout.cols == 2) return launch(std::integral_constant<int, 2>{});
         }
-        return cuda::check_launch(name);
+        return launch(std::integral_constant<int, 1>{});
       };
       using RC = std::integral_constant<Reduce, Reduce::kMax>;
       using RI = std::integral_constant<Reduce, Reduce::kMaxIndex>;
@@ -568,13 +654,14 @@ Status run_typed(const Args& a, const Buffers& b, cudaStream_t stream) {
         case Op::kAvgFwd:
           return forward(RA{}, no_index, "pool window_fwd_kernel (avg)");
         case Op::kMaxScatter:
-          window_bwd_kernel<T, V, G, true, Idx><<<blocks, kThreads, 0, stream>>>(
-              g, in + n0 * yi, idx_in + n0 * yi, out + n0 * xi, inc);
-          return cuda::check_launch("pool window_bwd_kernel (max)");
+          return cuda::launch("pool window_bwd_kernel (max)", window_bwd_kernel<T, V, G, true, Idx>,
+                              blocks, kThreads, 0, stream, g, in + n0 * yi, idx_in + n0 * yi,
+                              out + n0 * xi, inc);
         case Op::kAvgBwd:
-          window_bwd_kernel<T, V, G, false, uint8_t><<<blocks, kThreads, 0, stream>>>(
-              g, in + n0 * yi, nullptr, out + n0 * xi, inc);
-          return cuda::check_launch("pool window_bwd_kernel (avg)");
+          return cuda::launch("pool window_bwd_kernel (avg)",
+                              window_bwd_kernel<T, V, G, false, uint8_t>, blocks, kThreads, 0,
+                              stream, g, in + n0 * yi, static_cast<const uint8_t*>(nullptr),
+                              out + n0 * xi, inc);
         default:
           return Status::Error("pool: unexpected op");
       }

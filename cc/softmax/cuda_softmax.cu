@@ -21,14 +21,12 @@ Status launch(const char* algo, Kind kind, const Problem& p, const Operands& io,
       p.dtype != DType::kBF16)
     return Status::Error("jaxdnn softmax: unsupported dtype");
   if (std::strcmp(algo, kRows.name) == 0) {
-    if (!launch_rows(kind, p, io, stream))
+    Status status;
+    if (!launch_rows(kind, p, io, stream, &status))
       return Status::Error("jaxdnn softmax rows: " + rows_support(p).reason);
-    return cuda::check_launch("softmax_rows_kernel");
+    return status;
   }
-  if (std::strcmp(algo, kOnline.name) == 0) {
-    launch_online(kind, p, io, stream);
-    return cuda::check_launch("softmax_online_kernel");
-  }
+  if (std::strcmp(algo, kOnline.name) == 0) return launch_online(kind, p, io, stream);
   return Status::Error(std::string("jaxdnn softmax: unknown algorithm ") + algo);
 }
 

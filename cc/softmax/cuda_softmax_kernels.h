@@ -57,11 +57,12 @@ void dispatch_kind(Kind k, Fn&& fn) {
 }
 
 // cuda_softmax_rows.cu: whether the row-in-registers kernel takes rows of this length, and
-// the launch, which returns false (launching nothing) when it does not.
+// the launch, which returns false (launching nothing) when it does not, else sets *status.
 Support rows_support(const Problem& p);
-bool launch_rows(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream);
+bool launch_rows(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream,
+                 Status* status);
 
 // cuda_softmax_online.cu: any row length, two reads of the input.
-void launch_online(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream);
+Status launch_online(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream);
 
 }  // namespace jaxdnn::softmax

@@ -69,6 +69,7 @@ softmax_online_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __res
   using P = cuda::Pack<T, kVector>;
   constexpr int kN = P::kN;
   __shared__ A sm[32], ss[32];
+  cuda::await_prior_grids();
   const int64_t packs = cols / kN;  // kVector only when kN divides cols
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* ar = a + row * cols;
@@ -117,27 +118,29 @@ softmax_online_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __res
 }
 
 template <Kind kKind, typename T>
-void launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
+Status launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
   const bool aligned = p.cols % cuda::Vec<T>::kN == 0 && cuda::vec_aligned(io.a) &&
                        cuda::vec_aligned(io.out) && (io.b == nullptr || cuda::vec_aligned(io.b));
   const unsigned grid = unsigned(p.rows < (int64_t(1) << 30) ? p.rows : (int64_t(1) << 30));
   const T* a = static_cast<const T*>(io.a);
   const T* b = static_cast<const T*>(io.b);
   T* out = static_cast<T*>(io.out);
-  if (aligned)
-    softmax_online_kernel<kKind, T, true><<<grid, kThreads, 0, stream>>>(a, b, out, p.rows, p.cols);
-  else
-    softmax_online_kernel<kKind, T, false><<<grid, kThreads, 0, stream>>>(a, b, out, p.rows, p.cols);
+  return cuda::launch("softmax_online_kernel",
+                      aligned ? softmax_online_kernel<kKind, T, true>
+                              : softmax_online_kernel<kKind, T, false>,
+                      grid, kThreads, 0, stream, a, b, out, p.rows, p.cols);
 }
 
 }  // namespace
 
-void launch_online(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream) {
+Status launch_online(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream) {
+  Status status;
   dispatch_kind(kind, [&](auto k) {
     dispatch_io(p.dtype, p.dtype, [&](auto tag, auto) {
-      launch_typed<decltype(k)::value, device_t<decltype(tag)>>(p, io, stream);
+      status = launch_typed<decltype(k)::value, device_t<decltype(tag)>>(p, io, stream);
     });
   });
+  return status;
 }
 
 }  // namespace jaxdnn::softmax

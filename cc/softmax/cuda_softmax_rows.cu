@@ -47,6 +47,7 @@ softmax_rows_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restr
   constexpr int kN = Slice::kN, kRowsPerBlock = cuda::rows_per_block<G>();
   constexpr A kInf = std::numeric_limits<A>::infinity();
   __shared__ A scratch[32];
+  cuda::await_prior_grids();
   const cuda::RowMap<G, K, kN> map{int(threadIdx.x % G), int(cols)};
 
   struct Slices {
@@ -110,7 +111,7 @@ bool rows_fit(int64_t cols) {
 }
 
 template <Kind kKind, typename T>
-bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
+bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream, Status* status) {
   constexpr int kVecN = cuda::Vec<T>::kN;
   constexpr int kMaxK = kMaxElems<dev_acc_t<T>> / kVecN;  // 4 (16-bit) or 8 packs
   constexpr int kSliceK = cuda::kRowPacks / kOperands<kKind>;
@@ -124,8 +125,9 @@ bool launch_typed(const Problem& p, const Operands& io, cudaStream_t stream) {
     constexpr int G = decltype(group)::value, threads = cuda::row_block_threads<G>();
     constexpr auto kernel =
         softmax_rows_kernel<kKind, T, G, decltype(k)::value, decltype(vector)::value>;
-    kernel<<<cuda::grid_for(p.rows, cuda::rows_per_block<G>()), threads, 0, stream>>>(
-        a, b, out, p.rows, p.cols);
+    *status = cuda::launch("softmax_rows_kernel", kernel,
+                           cuda::grid_for(p.rows, cuda::rows_per_block<G>()), threads, 0, stream,
+                           a, b, out, p.rows, p.cols);
   };
   using std::integral_constant;
   if (!aligned)  // single elements, warp rows only (rows_fit: at most 256)
@@ -159,11 +161,12 @@ Support rows_support(const Problem& p) {
                      "of 16 bytes)");
 }
 
-bool launch_rows(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream) {
+bool launch_rows(Kind kind, const Problem& p, const Operands& io, cudaStream_t stream,
+                 Status* status) {
   bool launched = false;
   dispatch_kind(kind, [&](auto k) {
     dispatch_io(p.dtype, p.dtype, [&](auto tag, auto) {
-      launched = launch_typed<decltype(k)::value, device_t<decltype(tag)>>(p, io, stream);
+      launched = launch_typed<decltype(k)::value, device_t<decltype(tag)>>(p, io, stream, status);
     });
   });
   return launched;
