@@ -417,10 +417,13 @@ def test_gpu_tiles_2x2_stride2(dtype):
         ref_y, ref_dx = ref_fwd_and_vjp(x, ct, op, win, strd, pads)
         np.testing.assert_array_equal(np.asarray(y, np.float64), ref_y, err_msg=op)
         np.testing.assert_array_equal(np.asarray(dx, np.float64), ref_dx, err_msg=op)
+    # NaN against numpy's max over the tiles: XLA:CPU's reduce_window max (ref_pool) drops the
+    # NaN at this size (jax 0.10-0.11; it keeps it on a 4x4 input).
     x[0, 3, 5, 2] = x[4, 10, 15, 63] = np.nan
-    with jax.default_device(CPU):
-        assert_close(ours(on("gpu", x), "max", window, strides, padding),
-                     ref_pool(x, "max", win, strd, pads), dtype, what="max tiles with NaN")
+    tiles = x[:, :12, :16].astype(np.float64).reshape(5, 6, 2, 8, 2, 64)
+    np.testing.assert_array_equal(
+        np.asarray(ours(on("gpu", x), "max", window, strides, padding), np.float64),
+        tiles.max(axis=(2, 4)), err_msg="max tiles with NaN")
 
 
 @pytest.mark.skipif(not has_gpu(), reason="no GPU")
