@@ -93,7 +93,10 @@ static_assert(kRegVecs == 8, "with_narrow dispatches NV = 1..8");
 // The stats pass's register path walks a tile's rows once per block of at most kRegBlock
 // vectors: three state vectors each (Welford's shift, mean, M2) stay in 12 of AVX2's 16 ymm
 // registers. With all 8 vectors of a 64-column float tile at once (24 state vectors), GCC kept
-// the state on the stack.
+// the state on the stack. The AVX-512 clone (32 registers, wide_register_file()) takes all the
+// tile's vectors in one block: one thread, batch_norm 8x56x56x64 float32 training forward
+// (dev/cpu_norm_bench.cc, Xeon with AVX-512, session 23) 769-783 us against 851-855 in two
+// blocks.
 constexpr int kRegBlock = 4;
 static_assert(kRegVecs <= 2 * kRegBlock, "for_reg_blocks makes at most two blocks");
 
@@ -103,6 +106,10 @@ JAXDNN_ALWAYS_INLINE void for_reg_blocks(Fn&& fn) {
   if constexpr (NV <= kRegBlock) {
     fn(std::integral_constant<int, NV>{}, 0);
   } else {
+    if (wide_register_file()) {
+      fn(std::integral_constant<int, NV>{}, 0);
+      return;
+    }
     fn(std::integral_constant<int, kRegBlock>{}, 0);
     fn(std::integral_constant<int, NV - kRegBlock>{}, kRegBlock);
   }
@@ -229,12 +236,14 @@ JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu
   }
 }
 
-// Register path of the apply pass, four rows per step: each vector's coefficients are loaded
-// once per step (1.75 loads per vector of x) and the step reads 4 consecutive rows. One
-// thread, batch_norm_inference 8x56x56x64 float32 (dev/cpu_norm_bench.cc, against a plain loop
-// y = x*g + h): 1.10-1.20x its time, against 1.26-1.36 with all coefficients in registers and
-// every row walked once per 4-vector block, and 1.45-1.53 when all 8 vectors' coefficients
-// (24 ymm) went to the stack.
+// Register path of the apply pass. The AVX2 clone takes four rows per step: each vector's
+// coefficients are loaded once per step (1.75 loads per vector of x) and the step reads 4
+// consecutive rows. One thread, batch_norm_inference 8x56x56x64 float32 (dev/cpu_norm_bench.cc,
+// against a plain loop y = x*g + h): 1.10-1.20x its time, against 1.26-1.36 with all
+// coefficients in registers and every row walked once per 4-vector block, and 1.45-1.53 when
+// all 8 vectors' coefficients (24 ymm) went to the stack. The AVX-512 clone keeps all 3*NV
+// coefficient vectors in its 32 registers and walks the rows one by one: 477-483 us against
+// 581-586 in 4-row steps and 460-474 for the plain loop (Xeon, session 23).
 template <int NV, typename T>
 JAXDNN_ALWAYS_INLINE void column_apply_narrow(const FwdView<T>& v, const Tile& t, const S<T>* mu,
                                              const S<T>* gg, const S<T>* bb) {
@@ -242,6 +251,20 @@ JAXDNN_ALWAYS_INLINE void column_apply_narrow(const FwdView<T>& v, const Tile& t
   const int64_t CK = v.s.CK();
   const T* x = v.x + row_offset(v.s, t, t.a0);
   T* y = v.y + row_offset(v.s, t, t.a0);
+  if (wide_register_file()) {
+    V<T> m[NV], g[NV], b[NV];
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; ++k) {
+      m[k] = vload(mu + k * N);
+      g[k] = vload(gg + k * N);
+      b[k] = vload(bb + k * N);
+    }
+    for (int64_t a = t.a0; a < t.a1; ++a, x += CK, y += CK) {
+#pragma GCC unroll 8
+      for (int k = 0; k < NV; ++k) vstore(y + k * N, (vload(x + k * N) - m[k]) * g[k] + b[k]);
+    }
+    return;
+  }
   auto step = [&](auto rows) JAXDNN_INLINE_LAMBDA {  // rows x, y from x, y
 #pragma GCC unroll 8
     for (int k = 0; k < NV; ++k) {
