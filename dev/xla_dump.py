@@ -1,9 +1,10 @@
 """XLA's own kernels for the reference side of dev/kernel_trace.py's cases: compiles each case's
 jax.lax / jax.nn function (the same jitted function of four ops that the trace times) in a
-process of its own with --xla_dump_to, and keeps the optimised HLO and the PTX of its kernels
-under DIR/<case>/, so that our kernels can be read against XLA's instruction by instruction.
+process of its own with --xla_dump_to, and keeps the optimised HLO and the thunk sequence (every
+kernel's fusion, grid and block; command buffers after the thunk passes) under DIR/<case>/, and
+the PTX where XLA writes it (jax 0.11.2's CUDA build did not).
 
-    PYTHONPATH=. python3 dev/xla_ptx.py DIR batch_norm_nchw:float32 act_relu:float32 ...
+    PYTHONPATH=. python3 dev/xla_dump.py DIR batch_norm_nchw:float32 act_relu:float32 ...
 """
 
 from __future__ import annotations
