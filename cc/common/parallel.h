@@ -13,6 +13,18 @@
 
 namespace jaxdnn {
 
+// A per-thread buffer of at least n values of A, kept from call to call (it holds whatever the
+// thread left in it). Kernels take their task scratch from it rather than a heap block per
+// task, which the allocator hands back as fresh pages on XLA's intra-op threads: the CPU
+// batch_norm forward (98 blocks of 24 KB per call) went from 4.4x the page faults of XLA's own
+// path in the benchmark's loop to none per blocking call (XLA's: 24-39; session 23).
+template <typename A>
+A* thread_scratch(int64_t n) {
+  thread_local std::vector<A> buf;
+  if (int64_t(buf.size()) < n) buf.resize(size_t(n));
+  return buf.data();
+}
+
 class Parallel {
  public:
   virtual ~Parallel() = default;

@@ -25,7 +25,6 @@
 
 #include <cstring>
 #include <initializer_list>
-#include <memory>
 #include <type_traits>
 
 #include "cc/norm/cpu_kernels.h"
@@ -400,8 +399,7 @@ template <typename T, typename View, typename Task>
 void over_tiles(const View& v, const Parallel& par, int planes, Task&& task) {
   const Tiling tl(v.s);
   par.for_each(tl.count(v.s), [&](int64_t i) {
-    const std::unique_ptr<S<T>[]> buf(new S<T>[size_t(planes) * kColumns]);
-    task(tl.tile(v.s, i), tl.S, buf.get());
+    task(tl.tile(v.s, i), tl.S, thread_scratch<S<T>>(planes * kColumns));
   });
 }
 

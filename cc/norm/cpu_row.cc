@@ -121,12 +121,12 @@ void row_backward(const BwdView<T>& v, const Parallel& par) {
   par.for_each(s.Q * slices * s.C, [&](int64_t t) {
     const int64_t c = t % s.C, sb = t / s.C % slices, q = t / (s.C * slices);
     const int64_t lo = sb * s.Pq() / slices, hi = (sb + 1) * s.Pq() / slices;
-    std::vector<S<T>> acc(size_t(2 * s.K));
-    row_backward_task(v, q, c, lo, hi, acc.data(), acc.data() + s.K);
+    S<T>* const acc = thread_scratch<S<T>>(2 * s.K);  // d(scale), d(bias) of the slice
+    row_backward_task(v, q, c, lo, hi, acc, acc + s.K);
     const int64_t at = (q * slices + sb) * s.CK() + c * s.K;
     for (int64_t k = 0; k < s.K; ++k) {
-      v.ws0[at + k] = acc[size_t(k)];
-      v.ws1[at + k] = acc[size_t(s.K + k)];
+      v.ws0[at + k] = acc[k];
+      v.ws1[at + k] = acc[s.K + k];
     }
   });
 }

@@ -99,20 +99,13 @@ JAXDNN_INLINE void backward_row(const T* __restrict__ y, const T* __restrict__ c
   for (int64_t i = 0; i < n; ++i) out[i] = cm::store<T>(output<kKind, CpuMath>(vy[i], vc[i], r));
 }
 
-template <typename A>
-A* scratch(int64_t n) {
-  thread_local std::vector<A> buf;
-  if (int64_t(buf.size()) < n) buf.resize(size_t(n));
-  return buf.data();
-}
-
 // Runs row_fn(row, scratch) for every row, whole rows per task.
 template <typename A, typename RowFn>
 void for_each_row(const Problem& p, int scratch_rows, const Parallel& par, const RowFn& row_fn) {
   const int64_t rows_per_task = std::max<int64_t>(1, kTaskElems / std::max<int64_t>(p.cols, 1));
   par.for_each((p.rows + rows_per_task - 1) / rows_per_task, [&](int64_t task) {
     const int64_t begin = task * rows_per_task, end = std::min(p.rows, begin + rows_per_task);
-    A* buf = scratch<A>(scratch_rows * p.cols);
+    A* buf = thread_scratch<A>(scratch_rows * p.cols);
     cm::with_best_isa([&] {
       for (int64_t r = begin; r < end; ++r) row_fn(r * p.cols, buf);
     });
