@@ -17,6 +17,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "cc/common/cpu_math.h"
 #include "cc/common/dtype.h"
 #include "cc/common/parallel.h"
 #include "cc/norm/norm.h"
@@ -33,20 +34,11 @@
 
 namespace jaxdnn::norm::cpu {
 
-// Whether the x86-64-v4 (AVX-512) clone of the JAXDNN_CPU_CLONES functions runs, the check
-// their resolver makes: its 32 vector registers hold what the AVX2 clone's 16 spill, so the
-// register paths of the column passes take wider blocks there (cpu_column.cc).
-inline bool wide_register_file() {
-  static const bool v4 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("x86-64-v4") != 0;
-  }();
-  return v4;
-}
-
-}  // namespace jaxdnn::norm::cpu
-
-namespace jaxdnn::norm::cpu {
+// Whether the AVX-512 (x86-64-v4) clone of the JAXDNN_CPU_CLONES functions runs (cpu_math's
+// ISA check, which asks for the same features as the clones' resolver): its 32 vector registers
+// hold what the AVX2 clone's 16 spill, so the register paths of the column passes take wider
+// blocks there (cpu_column.cc).
+inline bool wide_register_file() { return cpu_math::best_isa() == cpu_math::Isa::kAvx512; }
 
 template <typename T> using S = acc_t<T>;  // statistics / affine type: float, or double
 

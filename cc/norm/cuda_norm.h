@@ -11,8 +11,9 @@
 namespace jaxdnn::norm {
 
 Status cuda_forward(const Problem& p, const FwdBuffers& b, cudaStream_t stream);
-// The training forward as two calls (segment path only): the statistics (mean, var, and the
-// workspace the apply reads; b.y unused), then y from them (b.mean, b.var, b.ws as written).
+// The training forward as two calls (column and segment paths; norm.h's two_call_forward says
+// where the lowering uses them): the statistics (mean, var, and the workspace the apply reads;
+// b.y unused), then y from them (b.mean, b.var, b.ws as written).
 Status cuda_forward_stats(const Problem& p, const FwdBuffers& b, cudaStream_t stream);
 Status cuda_forward_apply(const Problem& p, const FwdBuffers& b, cudaStream_t stream);
 Status cuda_inference(const Problem& p, const FwdBuffers& b, cudaStream_t stream);

@@ -17,8 +17,8 @@ cast to that dtype, so float32 parameters keep their precision with 16-bit activ
 Primitives (training and inference each a forward, a tangent and a backward)::
 
     norm_fwd_p(x, scale, bias)                       -> y, mean, var, workspace   [kernel]
-        (on the GPU, channels-first batch and group norm: two kernel calls, statistics and
-        apply; see _fwd_lowering_cuda)
+        (on the GPU, channels-first batch and group norm and channels-last batch norm in
+        4- and 8-byte types: two kernel calls, statistics and apply; see _fwd_lowering_cuda)
     norm_tangent_p(tx, tscale, tbias; x, scale, mean, var) -> ty, tmean, tvar     [jnp]
     norm_bwd_p(dy, dmean, dvar; x, scale, mean, var) -> dx, dscale, dbias, ws     [kernel]
     norm_infer_p(x, scale, bias, mean, var)          -> y                         [kernel]
