@@ -230,17 +230,19 @@ def test_training_forward_large(case, dtype, calls, monkeypatch):
     _check_forward(case, dtype, (x, s, b), first)
 
 
-# On the GPU a channels-last float32 batch norm, and a channels-first training forward that takes
-# the split forward, is two custom calls, statistics then apply (cc/norm/norm.h's two_call_forward,
-# jaxdnn/ops/norm.py); one with JAXDNN_NORM_ONE_CALL=1. On the segment path both run the same
-# kernels, so their results are bitwise equal; (2, 3, 1037): segments of 1037 values are not whole
-# 16-byte vectors, so each half takes its fallback (statistics and merge; the per-segment apply). On
-# the column path the one call is the single-pass kernel, the two calls its three passes (stats,
-# merge; apply); (5, 7, 3): rows of 3 values, one value per thread.
+# On the GPU a channels-last float32 batch or group norm, and a channels-first training forward
+# that takes the split forward, is two custom calls, statistics then apply (cc/norm/norm.h's
+# two_call_forward, jaxdnn/ops/norm.py); one with JAXDNN_NORM_ONE_CALL=1. On the segment path both
+# run the same kernels, so their results are bitwise equal; (2, 3, 1037): segments of 1037 values
+# are not whole 16-byte vectors, so each half takes its fallback (statistics and merge; the per-
+# segment apply). On the column path the one call is the single-pass kernel, the two calls its
+# three passes (stats, merge; apply, as a flat grid where rows are whole 16-byte vectors); (5, 7,
+# 3): rows of 3 values, one value per thread; the channels-last group norm: statistics per (image,
+# group), the flat apply's batch index.
 @pytest.mark.parametrize("case,bitwise", [
     (batch_case((3, 5, 16, 40), 1), True), (batch_case((2, 3, 1037), 1), True),
     (group_case((2, 12, 16, 36), 4, "NCHW"), True), (batch_case((4, 6, 10, 16)), False),
-    (batch_case((5, 7, 3)), False)], ids=repr)
+    (batch_case((5, 7, 3)), False), (group_case((3, 6, 5, 24), 8, "NHWC"), False)], ids=repr)
 def test_two_call_forward(case, bitwise, monkeypatch):
     device("gpu")  # skips without a GPU
     x, s, b = _inputs(case, jnp.float32)

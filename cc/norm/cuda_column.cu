@@ -28,6 +28,7 @@
 //          thread's own stash slots, 15 rows in flight per thread.
 //          Traffic: read x, write y, re-read the rows that were neither stashed nor L2-resident.
 
+#include "cc/common/env.h"
 #include "cc/norm/cuda_kernels.cuh"
 
 namespace jaxdnn::norm::cuda_impl {
@@ -136,32 +137,45 @@ __device__ __forceinline__ void merge_row_groups(const ColumnThread& t, Acc& n, 
   }
 }
 
-// Calls f(e, group, affine index) for this thread's VEC columns j + e of batch p (one division
-// for all of them).
-template <int VEC, typename F>
-__device__ __forceinline__ void for_columns(const Shape& s, const ColumnThread& t, F f) {
-  int64_t c = t.j / s.K, k = t.j % s.K;
-  const int64_t affine = t.p / s.Pq() * s.CK() + t.j;
+// Calls f(e, group, affine index) for the VEC columns j + e of batch p (one division by K and
+// one by Pq for all of them; Div: cuda::FastDiv where the indices fit 32 bits, cuda::PlainDiv).
+template <int VEC, typename Div, typename F>
+__device__ __forceinline__ void for_columns(const Shape& s, int64_t p, int64_t j, const Div& K,
+                                            const Div& Pq, F f) {
+  int64_t c = K.div(j), k = j - c * s.K;
+  const int64_t affine = Pq.div(p) * s.CK() + j;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
-    f(e, t.p * s.C + c, affine + e);
+    f(e, p * s.C + c, affine + e);
     if (++k == s.K) {
       k = 0;
       ++c;
     }
   }
 }
+template <int VEC, typename F>
+__device__ __forceinline__ void for_columns(const Shape& s, const ColumnThread& t, F f) {
+  for_columns<VEC>(s, t.p, t.j, cuda::PlainDiv(s.K), cuda::PlainDiv(s.Pq()), f);
+}
 
-// Per-column mean and rstd*scale of this thread's columns (from the statistics outputs, or
-// inputs in inference), and the bias.
+// Per-column mean and rstd*scale of the VEC columns j + e of batch p (from the statistics
+// outputs, or inputs in inference), and the bias.
+template <typename D, int VEC, typename Div>
+__device__ __forceinline__ void column_coefs(const Fwd<D>& f, int64_t p, int64_t j, const Div& K,
+                                             const Div& Pq, A<D> (&mu)[VEC], A<D> (&gg)[VEC],
+                                             A<D> (&bb)[VEC]) {
+  const int64_t affine = Pq.div(p) * f.s.CK() + j;  // (16-byte aligned on the vector path)
+  load_params(f.scale + affine, gg);
+  load_params(f.bias + affine, bb);
+  for_columns<VEC>(f.s, p, j, K, Pq, [&](int e, int64_t grp, int64_t) {
+    mu[e] = f.mean[grp];
+    gg[e] *= rstd_of<D>(f.var[grp], f.eps);
+  });
+}
 template <typename D, int VEC>
 __device__ __forceinline__ void column_coefs(const Fwd<D>& f, const ColumnThread& t,
                                              A<D> (&mu)[VEC], A<D> (&gg)[VEC], A<D> (&bb)[VEC]) {
-  for_columns<VEC>(f.s, t, [&](int e, int64_t grp, int64_t aff) {
-    mu[e] = f.mean[grp];
-    gg[e] = rstd_of<D>(f.var[grp], f.eps) * f.scale[aff];
-    bb[e] = f.bias[aff];
-  });
+  column_coefs<D, VEC>(f, t.p, t.j, cuda::PlainDiv(f.s.K), cuda::PlainDiv(f.s.Pq()), mu, gg, bb);
 }
 
 // The slice's partial moments: the block's row groups tree-merged, then written by row group 0
@@ -227,6 +241,36 @@ __global__ void __launch_bounds__(kThreads, 4) column_apply_kernel(Fwd<D> f, Col
     for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu[e]) * gg[e] + bb[e];
     store_vals<D, VEC>(f.y + base + off, out);
   });
+}
+
+// The flat apply's packs (VEC values each, packs < 2^31) and divisors: packs per row (CK / VEC),
+// rows per batch p (A), batches per affine row (Pq), columns per group (K).
+struct FlatColumns {
+  unsigned packs;
+  cuda::FastDiv row_packs, rows, Pq, K;
+};
+
+// The apply as a flat grid (vector path): one pack per thread, blocks in reverse (so that the
+// first ones read what the statistics pass left in L2); the pack's VEC columns' coefficients
+// from the statistics and parameters (a few KB, L1-resident), its column and batch by
+// multiply-high divisions. kStream: evict-first stores (A/B: JAXDNN_NORM_PLAIN_STORES=1).
+template <typename D, int VEC, bool kStream>
+__global__ void __launch_bounds__(kThreads) column_flat_apply_kernel(Fwd<D> f, FlatColumns fc) {
+  using Acc = A<D>;
+  cuda::await_prior_grids();
+  const int i = int((gridDim.x - 1 - blockIdx.x) * unsigned(kThreads) + threadIdx.x);
+  if (unsigned(i) >= fc.packs) return;
+  const int row = fc.row_packs.div(i);  // p*A + a
+  const int p = fc.rows.div(row), j = (i - row * int(fc.row_packs.d)) * VEC;
+  Acc mu[VEC], gg[VEC], bb[VEC];
+  column_coefs<D, VEC>(f, p, j, fc.K, fc.Pq, mu, gg, bb);
+  Acc out[VEC];
+  load_vals<D, VEC>(f.x + int64_t(i) * VEC, out);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu[e]) * gg[e] + bb[e];
+  const auto y = PackOf<D, VEC>::pack(out);
+  if constexpr (kStream) y.store_stream(f.y + int64_t(i) * VEC);
+  else y.store(f.y + int64_t(i) * VEC);
 }
 
 template <typename D, int VEC>
@@ -462,6 +506,22 @@ Status column_stats(const Fwd<D>& f, cudaStream_t st) {
 
 template <typename D>
 Status column_apply(const Fwd<D>& f, cudaStream_t st) {
+  constexpr int N = Vec<D>::kN;
+  const Shape& s = f.s;
+  static const bool flat_off = env_switch("JAXDNN_NORM_NO_FLAT") == '1';
+  static const bool plain = env_switch("JAXDNN_NORM_PLAIN_STORES") == '1';
+  if (!flat_off && s.CK() % N == 0 && s.elems() / N < (int64_t(1) << 31) &&
+      cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y)) {
+    const int64_t packs = s.elems() / N;
+    const FlatColumns fc{unsigned(packs), cuda::FastDiv(uint32_t(s.CK() / N)),
+                         cuda::FastDiv(uint32_t(s.A)), cuda::FastDiv(uint32_t(s.Pq())),
+                         cuda::FastDiv(uint32_t(s.K))};
+    const unsigned blocks = unsigned((packs + kThreads - 1) / kThreads);
+    return cuda::launch("norm column_flat_apply_kernel",
+                        plain ? column_flat_apply_kernel<D, N, false>
+                              : column_flat_apply_kernel<D, N, true>,
+                        blocks, kThreads, 0, st, f, fc);
+  }
   return launch_columns(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
                         column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN,
                         apply_rows<D>(), "norm column_apply_kernel", st);

@@ -141,7 +141,7 @@ inline bool segment_split_shape(const Shape& s) {
 // way) or slower (bfloat16 batch and group norm, by 2-3%).
 inline bool two_call_forward(const Shape& s, DType dtype) {
   return segment_split_shape(s) ||
-         (path_of(s) == Path::kColumn && s.P == 1 && dtype_bytes(dtype) >= 4);
+         (path_of(s) == Path::kColumn && dtype_bytes(dtype) >= 4);
 }
 inline int64_t fwd_table_slots(const Shape& s) {
   return segment_split_shape(s) ? 4 * s.P * s.A * s.C * s.K : 0;
