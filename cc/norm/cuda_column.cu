@@ -255,10 +255,12 @@ struct FlatColumns {
 // from the statistics and parameters (a few KB, L1-resident), its column and batch by
 // multiply-high divisions. kStream: evict-first stores (A/B: JAXDNN_NORM_PLAIN_STORES=1).
 template <typename D, int VEC, bool kStream>
-__global__ void __launch_bounds__(kThreads) column_flat_apply_kernel(Fwd<D> f, FlatColumns fc) {
+__global__ void __launch_bounds__(kThreads) column_flat_apply_kernel(Fwd<D> f, FlatColumns fc,
+                                                                     bool reverse) {
   using Acc = A<D>;
   cuda::await_prior_grids();
-  const int i = int((gridDim.x - 1 - blockIdx.x) * unsigned(kThreads) + threadIdx.x);
+  const unsigned b = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int i = int(b * unsigned(kThreads) + threadIdx.x);
   if (unsigned(i) >= fc.packs) return;
   const int row = fc.row_packs.div(i);  // p*A + a
   const int p = fc.rows.div(row), j = (i - row * int(fc.row_packs.d)) * VEC;
@@ -510,7 +512,7 @@ Status column_apply(const Fwd<D>& f, cudaStream_t st) {
   const Shape& s = f.s;
   static const bool flat_off = env_switch("JAXDNN_NORM_NO_FLAT") == '1';
   static const bool plain = env_switch("JAXDNN_NORM_PLAIN_STORES") == '1';
-  if (!flat_off && s.CK() % N == 0 && s.elems() / N < (int64_t(1) << 31) &&
+  if (!flat_off && sizeof(D) >= 4 && s.CK() % N == 0 && s.elems() / N < (int64_t(1) << 31) &&
       cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y)) {
     const int64_t packs = s.elems() / N;
     const FlatColumns fc{unsigned(packs), cuda::FastDiv(uint32_t(s.CK() / N)),
@@ -520,7 +522,7 @@ Status column_apply(const Fwd<D>& f, cudaStream_t st) {
     return cuda::launch("norm column_flat_apply_kernel",
                         plain ? column_flat_apply_kernel<D, N, false>
                               : column_flat_apply_kernel<D, N, true>,
-                        blocks, kThreads, 0, st, f, fc);
+                        blocks, kThreads, 0, st, f, fc, apply_in_reverse());
   }
   return launch_columns(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
                         column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN,

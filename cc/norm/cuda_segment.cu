@@ -450,10 +450,11 @@ __global__ void __launch_bounds__(kFusedThreads)
 //    only on (p, c, k): the pack's row is then one division away, not three. packs < 2^31.
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads)
-    segment_table_apply_kernel(Fwd<D> f, unsigned packs, unsigned seg_packs) {
+    segment_table_apply_kernel(Fwd<D> f, unsigned packs, unsigned seg_packs, bool reverse) {
   using Acc = A<D>;
   cuda::await_prior_grids();
-  const unsigned i = (gridDim.x - 1 - blockIdx.x) * unsigned(kThreads) + threadIdx.x;
+  const unsigned b = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const unsigned i = b * unsigned(kThreads) + threadIdx.x;
   if (i >= packs) return;
   Acc row[4];
   load_words(f.table + 4 * int64_t(i / seg_packs), row);
@@ -598,7 +599,7 @@ Status split_apply(const Fwd<D>& f, cudaStream_t st) {
   const int64_t packs = f.s.elems() / N;
   return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N>,
                       unsigned((packs + kThreads - 1) / kThreads), kThreads, 0, st, f,
-                      unsigned(packs), unsigned(f.s.T / N));
+                      unsigned(packs), unsigned(f.s.T / N), apply_in_reverse());
 }
 
 }  // namespace
