@@ -8,7 +8,8 @@
 //   HeldPack  read element by element in the accumulator type (the row kernels' passes);
 //   WordPack  converted as a whole to and from the accumulator type (unpack / pack, bf16x2 /
 //             f16x2 conversions).
-// store_acc writes a pack from accumulators.
+// store_acc writes a pack from accumulators. load_ro is the read-only load (ld.global.nc):
+// global memory only, never written while the kernel runs.
 #pragma once
 
 #include <cstring>
@@ -24,6 +25,7 @@ struct Single {
   T v[1];
 
   __device__ __forceinline__ static Single load(const T* p) { return {{*p}}; }
+  __device__ __forceinline__ static Single load_ro(const T* p) { return {{__ldg(p)}}; }
   __device__ __forceinline__ static Single load_stream(const T* p) { return {{__ldcs(p)}}; }
   __device__ __forceinline__ void store(T* p) const { *p = v[0]; }
   __device__ __forceinline__ void store_stream(T* p) const { __stcs(p, v[0]); }
@@ -93,6 +95,9 @@ struct Words {
 
   __device__ __forceinline__ static Words load(const T* p) {
     return {*reinterpret_cast<const uint4*>(p)};
+  }
+  __device__ __forceinline__ static Words load_ro(const T* p) {
+    return {__ldg(reinterpret_cast<const uint4*>(p))};
   }
   __device__ __forceinline__ static Words load_stream(const T* p) {
     return {__ldcs(reinterpret_cast<const uint4*>(p))};

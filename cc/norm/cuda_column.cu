@@ -83,8 +83,8 @@ __device__ __forceinline__ void for_rows(const ColumnThread& t, const D* x, cons
       0, t.rows,
       [&](int64_t i) {
         Rows r;
-        r.x = Pk::load(x + t.row(i) * ld);
-        if constexpr (kInputs == 2) r.dy = Pk::load(dy + t.row(i) * ld);
+        r.x = Pk::load_ro(x + t.row(i) * ld);
+        if constexpr (kInputs == 2) r.dy = Pk::load_ro(dy + t.row(i) * ld);
         return r;
       },
       [&](int64_t i, const Rows& r) { f(t.row(i) * ld, r.x, r.dy); });
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, stats_blocks_per_sm<D>())
   if (t.active) {
     if (f.centered) load_vals<D, VEC>(col + t.a0 * CK, shift);
     batched<kLoadsInFlight, false>(
-        0, t.rows, [&](int64_t i) { return PackOf<D, VEC>::load(col + t.row(i) * CK); },
+        0, t.rows, [&](int64_t i) { return PackOf<D, VEC>::load_ro(col + t.row(i) * CK); },
         [&](int64_t, const auto& v, int count) {
           add_rows<D, VEC, kLoadsInFlight>(v, count, shift, n, mean, m2);
         });
@@ -250,29 +250,25 @@ struct FlatColumns {
   cuda::FastDiv row_packs, rows, Pq, K;
 };
 
-// The apply as a flat grid (vector path): one pack per thread, blocks in reverse (so that the
-// first ones read what the statistics pass left in L2); the pack's VEC columns' coefficients
-// from the statistics and parameters (a few KB, L1-resident), its column and batch by
-// multiply-high divisions. kStream: evict-first stores (A/B: JAXDNN_NORM_PLAIN_STORES=1).
-template <typename D, int VEC, bool kStream>
-__global__ void __launch_bounds__(kThreads) column_flat_apply_kernel(Fwd<D> f, FlatColumns fc,
-                                                                     bool reverse) {
+// The apply as a flat grid (vector path, 4- and 8-byte types): one pack per thread, blocks in
+// reverse (so that the first ones read what the statistics pass left in L2); the pack's VEC
+// columns' coefficients from the statistics and parameters (a few KB, L1-resident), its column
+// and batch by multiply-high divisions.
+template <typename D, int VEC>
+__global__ void __launch_bounds__(kThreads) column_flat_apply_kernel(Fwd<D> f, FlatColumns fc) {
   using Acc = A<D>;
   cuda::await_prior_grids();
-  const unsigned b = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int i = int(b * unsigned(kThreads) + threadIdx.x);
+  const int i = int((gridDim.x - 1 - blockIdx.x) * unsigned(kThreads) + threadIdx.x);
   if (unsigned(i) >= fc.packs) return;
   const int row = fc.row_packs.div(i);  // p*A + a
   const int p = fc.rows.div(row), j = (i - row * int(fc.row_packs.d)) * VEC;
   Acc mu[VEC], gg[VEC], bb[VEC];
   column_coefs<D, VEC>(f, p, j, fc.K, fc.Pq, mu, gg, bb);
   Acc out[VEC];
-  load_vals<D, VEC>(f.x + int64_t(i) * VEC, out);
+  PackOf<D, VEC>::load_ro(f.x + int64_t(i) * VEC).unpack(out);
 #pragma unroll
   for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu[e]) * gg[e] + bb[e];
-  const auto y = PackOf<D, VEC>::pack(out);
-  if constexpr (kStream) y.store_stream(f.y + int64_t(i) * VEC);
-  else y.store(f.y + int64_t(i) * VEC);
+  store_vals<D, VEC>(f.y + int64_t(i) * VEC, out);
 }
 
 template <typename D, int VEC>
@@ -397,7 +393,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     auto add = [&](int64_t, const auto& v, int count) {
       add_rows<D, VEC, kFusedInFlight>(v, count, shift, n, mean, m2);
     };
-    batched<kFusedInFlight, false>(0, split, [&](int64_t i) { return Pk::load(global(i)); }, add);
+    batched<kFusedInFlight, false>(0, split, [&](int64_t i) { return Pk::load_ro(global(i)); }, add);
     cuda::cp_async_wait_all();
     batched<kFusedInFlight, false>(split, t.rows, [&](int64_t i) { return Pk::load(local(i)); },
                                    add);
@@ -511,7 +507,6 @@ Status column_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
   const Shape& s = f.s;
   static const bool flat_off = env_switch("JAXDNN_NORM_NO_FLAT") == '1';
-  static const bool plain = env_switch("JAXDNN_NORM_PLAIN_STORES") == '1';
   if (!flat_off && sizeof(D) >= 4 && s.CK() % N == 0 && s.elems() / N < (int64_t(1) << 31) &&
       cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y)) {
     const int64_t packs = s.elems() / N;
@@ -519,10 +514,8 @@ Status column_apply(const Fwd<D>& f, cudaStream_t st) {
                          cuda::FastDiv(uint32_t(s.A)), cuda::FastDiv(uint32_t(s.Pq())),
                          cuda::FastDiv(uint32_t(s.K))};
     const unsigned blocks = unsigned((packs + kThreads - 1) / kThreads);
-    return cuda::launch("norm column_flat_apply_kernel",
-                        plain ? column_flat_apply_kernel<D, N, false>
-                              : column_flat_apply_kernel<D, N, true>,
-                        blocks, kThreads, 0, st, f, fc, apply_in_reverse());
+    return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N>, blocks,
+                        kThreads, 0, st, f, fc);
   }
   return launch_columns(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
                         column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN,

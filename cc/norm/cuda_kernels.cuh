@@ -36,7 +36,6 @@
 #include "cc/common/cuda_reduce.h"
 #include "cc/common/cuda_util.h"
 #include "cc/common/cuda_vec.h"
-#include "cc/common/env.h"
 #include "cc/norm/norm.h"
 
 namespace jaxdnn::norm::cuda_impl {
@@ -254,12 +253,6 @@ struct GradCoef {
 };
 
 // ---- Launchers (each returns the launch status, naming the kernel) --------------------------
-
-// Whether the flat applies take their blocks in reverse (A/B: JAXDNN_NORM_APPLY_FORWARD=1).
-inline bool apply_in_reverse() {
-  static const bool forward = env_switch("JAXDNN_NORM_APPLY_FORWARD") == '1';
-  return !forward;
-}
 
 // Typed buffers of one call; Acc is the statistics type.
 template <typename D>

@@ -99,8 +99,8 @@ __device__ __forceinline__ void for_chunks(const D* x, const D* dy, int64_t T, i
       0, lc.count,
       [&](int64_t m) {
         Chunks c;
-        c.x = Pk::load(x + lc.at(m));
-        if constexpr (kInputs == 2) c.dy = Pk::load(dy + lc.at(m));
+        c.x = Pk::load_ro(x + lc.at(m));
+        if constexpr (kInputs == 2) c.dy = Pk::load_ro(dy + lc.at(m));
         return c;
       },
       [&](int64_t m, const Chunks& c) {
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) segment_stats_kernel(Fwd<D> f, Segme
       if (f.centered) shift = to_acc(x[0]);
       const LaneChunks<VEC> lc(T, lane, g.rt);
       batched<kLoadsInFlight, false>(
-          0, lc.count, [&](int64_t i) { return PackOf<D, VEC>::load(x + lc.at(i)); },
+          0, lc.count, [&](int64_t i) { return PackOf<D, VEC>::load_ro(x + lc.at(i)); },
           [&](int64_t, const auto& v, int count) {
             add_values<D, VEC, kLoadsInFlight>(m, v, count, shift);
           });
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     auto add = [&](int64_t, const auto& v, int count) {
       add_values<D, VEC, kFusedInFlight>(m, v, count, shift);
     };
-    batched<kFusedInFlight, false>(0, c.split, [&](int64_t i) { return Pk::load(f.x + c.at(i)); },
+    batched<kFusedInFlight, false>(0, c.split, [&](int64_t i) { return Pk::load_ro(f.x + c.at(i)); },
                                    add);
     if (c.split < c.count) cuda::cp_async_wait_all();
     batched<kFusedInFlight, false>(
@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   const LaneChunks<VEC> lc(su.size(u), lane, 32);
   Moments<Acc> m{0, 0, 0};
   batched<kFusedInFlight, false>(
-      0, lc.count, [&](int64_t i) { return Pk::load(x + lc.at(i)); },
+      0, lc.count, [&](int64_t i) { return Pk::load_ro(x + lc.at(i)); },
       [&](int64_t, const auto& v, int count) {
         add_values<D, VEC, kFusedInFlight>(m, v, count, shift);
       });
@@ -450,17 +450,16 @@ __global__ void __launch_bounds__(kFusedThreads)
 //    only on (p, c, k): the pack's row is then one division away, not three. packs < 2^31.
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads)
-    segment_table_apply_kernel(Fwd<D> f, unsigned packs, unsigned seg_packs, bool reverse) {
+    segment_table_apply_kernel(Fwd<D> f, unsigned packs, unsigned seg_packs) {
   using Acc = A<D>;
   cuda::await_prior_grids();
-  const unsigned b = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const unsigned i = b * unsigned(kThreads) + threadIdx.x;
+  const unsigned i = (gridDim.x - 1 - blockIdx.x) * unsigned(kThreads) + threadIdx.x;
   if (i >= packs) return;
   Acc row[4];
   load_words(f.table + 4 * int64_t(i / seg_packs), row);
   const int64_t at = int64_t(i) * VEC;
   Acc out[VEC];
-  PackOf<D, VEC>::load(f.x + at).unpack(out);
+  PackOf<D, VEC>::load_ro(f.x + at).unpack(out);
 #pragma unroll
   for (int e = 0; e < VEC; ++e) out[e] = (out[e] - row[0]) * row[1] + row[2];
   store_vals<D, VEC>(f.y + at, out);
@@ -599,7 +598,7 @@ Status split_apply(const Fwd<D>& f, cudaStream_t st) {
   const int64_t packs = f.s.elems() / N;
   return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N>,
                       unsigned((packs + kThreads - 1) / kThreads), kThreads, 0, st, f,
-                      unsigned(packs), unsigned(f.s.T / N), apply_in_reverse());
+                      unsigned(packs), unsigned(f.s.T / N));
 }
 
 }  // namespace
