@@ -254,11 +254,11 @@ struct FlatColumns {
 // reverse (so that the first ones read what the statistics pass left in L2); the pack's VEC
 // columns' coefficients from the statistics and parameters (a few KB, L1-resident), its column
 // and batch by multiply-high divisions.
-template <typename D, int VEC>
-__global__ void __launch_bounds__(kThreads) column_flat_apply_kernel(Fwd<D> f, FlatColumns fc) {
+template <typename D, int VEC, int kBlock>
+__global__ void __launch_bounds__(kBlock) column_flat_apply_kernel(Fwd<D> f, FlatColumns fc) {
   using Acc = A<D>;
   cuda::await_prior_grids();
-  const int i = int((gridDim.x - 1 - blockIdx.x) * unsigned(kThreads) + threadIdx.x);
+  const int i = int((gridDim.x - 1 - blockIdx.x) * unsigned(kBlock) + threadIdx.x);
   if (unsigned(i) >= fc.packs) return;
   const int row = fc.row_packs.div(i);  // p*A + a
   const int p = fc.rows.div(row), j = (i - row * int(fc.row_packs.d)) * VEC;
@@ -513,9 +513,11 @@ Status column_apply(const Fwd<D>& f, cudaStream_t st) {
     const FlatColumns fc{unsigned(packs), cuda::FastDiv(uint32_t(s.CK() / N)),
                          cuda::FastDiv(uint32_t(s.A)), cuda::FastDiv(uint32_t(s.Pq())),
                          cuda::FastDiv(uint32_t(s.K))};
-    const unsigned blocks = unsigned((packs + kThreads - 1) / kThreads);
-    return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N>, blocks,
-                        kThreads, 0, st, f, fc);
+    if (flat_threads() == 128)
+      return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N, 128>,
+                          unsigned((packs + 127) / 128), 128, 0, st, f, fc);
+    return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N, kThreads>,
+                        unsigned((packs + kThreads - 1) / kThreads), kThreads, 0, st, f, fc);
   }
   return launch_columns(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
                         column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN,

@@ -448,12 +448,12 @@ __global__ void __launch_bounds__(kFusedThreads)
 //    (the first ones read what the statistics pass left in L2); the pack's segment's row of the
 //    table in one or two 16-byte loads. The table has a row per segment although a row depends
 //    only on (p, c, k): the pack's row is then one division away, not three. packs < 2^31.
-template <typename D, int VEC>
-__global__ void __launch_bounds__(kThreads)
+template <typename D, int VEC, int kBlock>
+__global__ void __launch_bounds__(kBlock)
     segment_table_apply_kernel(Fwd<D> f, unsigned packs, unsigned seg_packs) {
   using Acc = A<D>;
   cuda::await_prior_grids();
-  const unsigned i = (gridDim.x - 1 - blockIdx.x) * unsigned(kThreads) + threadIdx.x;
+  const unsigned i = (gridDim.x - 1 - blockIdx.x) * unsigned(kBlock) + threadIdx.x;
   if (i >= packs) return;
   Acc row[4];
   load_words(f.table + 4 * int64_t(i / seg_packs), row);
@@ -596,7 +596,11 @@ template <typename D>
 Status split_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
   const int64_t packs = f.s.elems() / N;
-  return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N>,
+  if (flat_threads() == 128)
+    return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N, 128>,
+                        unsigned((packs + 127) / 128), 128, 0, st, f, unsigned(packs),
+                        unsigned(f.s.T / N));
+  return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N, kThreads>,
                       unsigned((packs + kThreads - 1) / kThreads), kThreads, 0, st, f,
                       unsigned(packs), unsigned(f.s.T / N));
 }
