@@ -15,7 +15,9 @@
 //          each block loading its coefficients once. A single wave of long-lived blocks
 //          (~800 bytes per thread) measured 3-12% slower on the H200 (batch_norm_inference
 //          NHWC float32: 2.90 -> 3.24 TB/s with the flat grid). Reverse block order, so that
-//          after the stats pass the first reads hit what it left in L2. Traffic: read x, write y.
+//          after the stats pass the first reads hit what it left in L2. For 4- and 8-byte types
+//          with vector rows, one pack per thread instead (column_flat_apply_kernel), its
+//          coefficients recomputed per pack. Traffic: read x, write y.
 //   grads  per-column sums of dy and dy*(x - mean) over the slice, tree-summed across row
 //          groups. In inference dx = scale*rstd*dy is written on the way (it needs no sums).
 //          Traffic: read x, dy (and write dx in inference).
@@ -179,7 +181,8 @@ __device__ __forceinline__ void column_coefs(const Fwd<D>& f, const ColumnThread
 }
 
 // The slice's partial moments: the block's row groups tree-merged, then written by row group 0
-// to the workspace at (p, slice, column); CK = s.CK(). Every thread of the block calls it (it synchronises).
+// to the workspace at (p, slice, column); CK = s.CK(). Every thread of the block calls it (it
+// synchronises).
 template <typename D, int VEC>
 __device__ __forceinline__ void store_block_moments(const Fwd<D>& f, const ColumnGrid& g,
                                                     const ColumnThread& t, int64_t CK, A<D>& n,
@@ -250,15 +253,22 @@ struct FlatColumns {
   cuda::FastDiv row_packs, rows, Pq, K;
 };
 
-// The apply as a flat grid (vector path, 4- and 8-byte types): one pack per thread, blocks in
-// reverse (so that the first ones read what the statistics pass left in L2); the pack's VEC
-// columns' coefficients from the statistics and parameters (a few KB, L1-resident), its column
-// and batch by multiply-high divisions.
-template <typename D, int VEC, int kBlock>
-__global__ void __launch_bounds__(kBlock) column_flat_apply_kernel(Fwd<D> f, FlatColumns fc) {
+// The apply as a flat grid (vector path, 4- and 8-byte types): one pack per thread in blocks of
+// kFlatThreads, blocks in reverse (so that the first ones read what the statistics pass left in
+// L2); the pack's VEC columns' coefficients from the statistics and parameters (a few KB,
+// L1-resident), its column and batch by multiply-high divisions. H200, float32 batch_norm NHWC
+// 64x112x112x64 (kernel trace, NOTES.md session 24): 97.8 us in 128-thread blocks (XLA's
+// elementwise fusion: 96.6, also 128), 100.0 in 256-thread ones, the 64-row column_apply 100.2;
+// group_norm NHWC 32x56x56x256: 50.9, 51.6 and ~53 (XLA 49.6). In bfloat16 the per-pack
+// coefficients of 8 columns cost more than they save (batch_norm_inference 68.3 us flat against
+// column_apply's 56.7), so 16-bit types keep column_apply.
+constexpr int kFlatThreads = 128;
+template <typename D, int VEC>
+__global__ void __launch_bounds__(kFlatThreads)
+    column_flat_apply_kernel(Fwd<D> f, FlatColumns fc) {
   using Acc = A<D>;
   cuda::await_prior_grids();
-  const int i = int((gridDim.x - 1 - blockIdx.x) * unsigned(kBlock) + threadIdx.x);
+  const int i = int((gridDim.x - 1 - blockIdx.x) * unsigned(kFlatThreads) + threadIdx.x);
   if (unsigned(i) >= fc.packs) return;
   const int row = fc.row_packs.div(i);  // p*A + a
   const int p = fc.rows.div(row), j = (i - row * int(fc.row_packs.d)) * VEC;
@@ -393,7 +403,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     auto add = [&](int64_t, const auto& v, int count) {
       add_rows<D, VEC, kFusedInFlight>(v, count, shift, n, mean, m2);
     };
-    batched<kFusedInFlight, false>(0, split, [&](int64_t i) { return Pk::load_ro(global(i)); }, add);
+    batched<kFusedInFlight, false>(
+        0, split, [&](int64_t i) { return Pk::load_ro(global(i)); }, add);
     cuda::cp_async_wait_all();
     batched<kFusedInFlight, false>(split, t.rows, [&](int64_t i) { return Pk::load(local(i)); },
                                    add);
@@ -506,18 +517,18 @@ template <typename D>
 Status column_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
   const Shape& s = f.s;
-  static const bool flat_off = env_switch("JAXDNN_NORM_NO_FLAT") == '1';
-  if (!flat_off && sizeof(D) >= 4 && s.CK() % N == 0 && s.elems() / N < (int64_t(1) << 31) &&
-      cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y)) {
-    const int64_t packs = s.elems() / N;
-    const FlatColumns fc{unsigned(packs), cuda::FastDiv(uint32_t(s.CK() / N)),
-                         cuda::FastDiv(uint32_t(s.A)), cuda::FastDiv(uint32_t(s.Pq())),
-                         cuda::FastDiv(uint32_t(s.K))};
-    if (flat_threads() == 128)
-      return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N, 128>,
-                          unsigned((packs + 127) / 128), 128, 0, st, f, fc);
-    return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N, kThreads>,
-                        unsigned((packs + kThreads - 1) / kThreads), kThreads, 0, st, f, fc);
+  static const bool flat_off = env_switch("JAXDNN_NORM_NO_FLAT") == '1';  // (A/B runs)
+  if constexpr (sizeof(D) >= 4) {
+    if (!flat_off && s.CK() % N == 0 && s.elems() / N < (int64_t(1) << 31) &&
+        cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y)) {
+      const int64_t packs = s.elems() / N;
+      const FlatColumns fc{unsigned(packs), cuda::FastDiv(uint32_t(s.CK() / N)),
+                           cuda::FastDiv(uint32_t(s.A)), cuda::FastDiv(uint32_t(s.Pq())),
+                           cuda::FastDiv(uint32_t(s.K))};
+      return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N>,
+                          unsigned((packs + kFlatThreads - 1) / kFlatThreads), kFlatThreads, 0,
+                          st, f, fc);
+    }
   }
   return launch_columns(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
                         column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN,

@@ -36,7 +36,6 @@
 #include "cc/common/cuda_reduce.h"
 #include "cc/common/cuda_util.h"
 #include "cc/common/cuda_vec.h"
-#include "cc/common/env.h"
 #include "cc/norm/norm.h"
 
 namespace jaxdnn::norm::cuda_impl {
@@ -254,12 +253,6 @@ struct GradCoef {
 };
 
 // ---- Launchers (each returns the launch status, naming the kernel) --------------------------
-
-// Threads per block of the flat applies (A/B: JAXDNN_NORM_FLAT_THREADS=128).
-inline int flat_threads() {
-  static const int t = env_switch("JAXDNN_NORM_FLAT_THREADS") == '1' ? 128 : 256;
-  return t;
-}
 
 // Typed buffers of one call; Acc is the statistics type.
 template <typename D>

@@ -336,8 +336,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     auto add = [&](int64_t, const auto& v, int count) {
       add_values<D, VEC, kFusedInFlight>(m, v, count, shift);
     };
-    batched<kFusedInFlight, false>(0, c.split, [&](int64_t i) { return Pk::load_ro(f.x + c.at(i)); },
-                                   add);
+    batched<kFusedInFlight, false>(
+        0, c.split, [&](int64_t i) { return Pk::load_ro(f.x + c.at(i)); }, add);
     if (c.split < c.count) cuda::cp_async_wait_all();
     batched<kFusedInFlight, false>(
         c.split, c.count, [&](int64_t i) { return Pk::load(stash + (c.at(i) - kept)); }, add);
@@ -448,12 +448,12 @@ __global__ void __launch_bounds__(kFusedThreads)
 //    (the first ones read what the statistics pass left in L2); the pack's segment's row of the
 //    table in one or two 16-byte loads. The table has a row per segment although a row depends
 //    only on (p, c, k): the pack's row is then one division away, not three. packs < 2^31.
-template <typename D, int VEC, int kBlock>
-__global__ void __launch_bounds__(kBlock)
+template <typename D, int VEC>
+__global__ void __launch_bounds__(kThreads)
     segment_table_apply_kernel(Fwd<D> f, unsigned packs, unsigned seg_packs) {
   using Acc = A<D>;
   cuda::await_prior_grids();
-  const unsigned i = (gridDim.x - 1 - blockIdx.x) * unsigned(kBlock) + threadIdx.x;
+  const unsigned i = (gridDim.x - 1 - blockIdx.x) * unsigned(kThreads) + threadIdx.x;
   if (i >= packs) return;
   Acc row[4];
   load_words(f.table + 4 * int64_t(i / seg_packs), row);
@@ -596,11 +596,7 @@ template <typename D>
 Status split_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
   const int64_t packs = f.s.elems() / N;
-  if (flat_threads() == 128)
-    return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N, 128>,
-                        unsigned((packs + 127) / 128), 128, 0, st, f, unsigned(packs),
-                        unsigned(f.s.T / N));
-  return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N, kThreads>,
+  return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N>,
                       unsigned((packs + kThreads - 1) / kThreads), kThreads, 0, st, f,
                       unsigned(packs), unsigned(f.s.T / N));
 }

@@ -135,10 +135,11 @@ inline bool segment_split_shape(const Shape& s) {
 // XLA schedules the statistics passes of independent ops apart from their writes: a read right
 // after a ~200 MB write pays for the L2's dirty lines (H200, benchmarks/NOTES.md session 21).
 // Where the segment path takes its split forward, and on the column path (its three passes)
-// for one statistics matrix (P == 1: batch norm) of 4- or 8-byte values: float32 batch_norm
-// NHWC 0.92-0.94x XLA as one call, 0.96 as two (H200, session 22). Elsewhere two calls were no
-// faster than the column path's single-pass kernel (group_norm NHWC float32 0.89-0.92x either
-// way) or slower (bfloat16 batch and group norm, by 2-3%).
+// for 4- and 8-byte values: float32 batch_norm NHWC 0.92-0.94x XLA as one call, 0.96 as two
+// (H200, session 22); float32 group_norm NHWC 32x56x56x256 84.4-84.6 us of GPU time as two
+// calls (the apply a flat grid) against 86.0 for the single-pass kernel, 0.956-0.958x XLA
+// against 0.917-0.934 (session 24). In 16-bit types two calls were slower (batch and group
+// norm, by 2-3%).
 inline bool two_call_forward(const Shape& s, DType dtype) {
   return segment_split_shape(s) ||
          (path_of(s) == Path::kColumn && dtype_bytes(dtype) >= 4);

@@ -17,8 +17,8 @@ cast to that dtype, so float32 parameters keep their precision with 16-bit activ
 Primitives (training and inference each a forward, a tangent and a backward)::
 
     norm_fwd_p(x, scale, bias)                       -> y, mean, var, workspace   [kernel]
-        (on the GPU, channels-first batch and group norm and channels-last batch norm in
-        4- and 8-byte types: two kernel calls, statistics and apply; see _fwd_lowering_cuda)
+        (on the GPU, channels-first batch and group norm, and channels-last ones in 4- and
+        8-byte types: two kernel calls, statistics and apply; see _fwd_lowering_cuda)
     norm_tangent_p(tx, tscale, tbias; x, scale, mean, var) -> ty, tmean, tvar     [jnp]
     norm_bwd_p(dy, dmean, dvar; x, scale, mean, var) -> dx, dscale, dbias, ws     [kernel]
     norm_infer_p(x, scale, bias, mean, var)          -> y                         [kernel]
@@ -261,13 +261,13 @@ norm_fwd_p = _kernel_primitive("norm_fwd")
 
 def _fwd_lowering_cuda(ctx, x, scale, bias, *, shape, eps, centered):
     """The GPU training forward. Where cc/norm/norm.h's ``two_call_forward`` says so (the
-    channels-last batch norm in 4- and 8-byte types, the channels-first segment path's split
-    forward), as two custom calls, the statistics (mean, var and the workspace's partials or
-    coefficient table) and then the apply, so that XLA schedules them as it schedules its own
-    reductions and elementwise passes: a read right after a write pays for the write-back of
-    the L2's dirty lines (H200: a flat read of 205 MB, 46.8 us alone, 56.3 right after a
-    write), and XLA runs independent reductions one after another. ``JAXDNN_NORM_ONE_CALL=1``
-    keeps the single call (for A/B runs)."""
+    channels-last batch and group norm in 4- and 8-byte types, the channels-first segment
+    path's split forward), as two custom calls, the statistics (mean, var and the workspace's
+    partials or coefficient table) and then the apply, so that XLA schedules them as it
+    schedules its own reductions and elementwise passes: a read right after a write pays for
+    the write-back of the L2's dirty lines (H200: a flat read of 205 MB, 46.8 us alone, 56.3
+    right after a write), and XLA runs independent reductions one after another.
+    ``JAXDNN_NORM_ONE_CALL=1`` keeps the single call (for A/B runs)."""
     params = dict(shape=shape, eps=eps, centered=centered)
     dims = [shape.P, shape.A, shape.C, shape.K, shape.T, shape.Q]
     x_dtype = np.dtype(ctx.avals_in[0].dtype).name
