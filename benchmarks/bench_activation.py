@@ -21,8 +21,8 @@ import numpy as np
 
 
 import jaxdnn
-from common import (bandwidth_row, best_times, default_trials, geomean, rotating_inputs,
-                    rotation_for, write_results)
+from common import (bandwidth_row, best_times, default_trials, geomean, keep_freed_host_memory,
+                    rotating_inputs, rotation_for, write_results)
 
 OPS = {
     "relu": (jaxdnn.relu, jax.nn.relu),
@@ -78,6 +78,7 @@ def main():
                         help="interleaved rounds, best kept (default: 3 on the CPU, 1 on a GPU)")
     parser.add_argument("--note", default="", help="appended to the notes of the results table")
     args = parser.parse_args()
+    keep_freed_host_memory()
     on_gpu = jax.devices()[0].platform == "gpu"
     shape = tuple(args.shape) if args.shape else ((32768, 4096) if on_gpu else (1024, 4096))
     dtypes = [jnp.dtype(d) for d in args.dtypes]

@@ -16,7 +16,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import geomean, rotating_inputs, rotation_for, time_op, write_results
+from common import (geomean, keep_freed_host_memory, rotating_inputs, rotation_for, time_op,
+                    write_results)
 from jax import lax
 
 import jaxdnn
@@ -114,6 +115,7 @@ def main():
     parser.add_argument("--dirs", default=",".join(DIRECTIONS))
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
+    keep_freed_host_memory()
     layers = RESNET50 if not args.layers else [RESNET50[int(i) - 1] for i in
                                                 args.layers.split(",")]
     directions = tuple(args.dirs.split(","))

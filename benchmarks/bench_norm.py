@@ -24,8 +24,8 @@ from jax import lax
 
 
 import jaxdnn
-from common import (best_times, default_trials, geomean, rotating_inputs, rotation_for,
-                    write_results)
+from common import (best_times, default_trials, geomean, keep_freed_host_memory, rotating_inputs,
+                    rotation_for, write_results)
 
 EPS = 1e-5
 
@@ -199,6 +199,7 @@ def main():
     parser.add_argument("--trials", type=int, default=None,
                         help="interleaved repeats, best kept (default: 3 on the CPU, 1 on a GPU)")
     args = parser.parse_args()
+    keep_freed_host_memory()
     platform = args.platform or jax.default_backend()
     device = jax.devices(platform)[0]
     ops = set(args.ops.split(",")) if args.ops else None

@@ -30,7 +30,7 @@ from jax import lax
 
 
 import jaxdnn
-from common import geomean, rotation_for, time_op, write_results
+from common import geomean, keep_freed_host_memory, rotation_for, time_op, write_results
 
 # name -> (window, strides, padding, kind); kind in max / avg / avg_exclude_pad / global.
 OPS = {
@@ -129,6 +129,7 @@ def main():
                         help="best of this many medians (default 3: one GPU trial once read "
                              "a 49 us row as 76 us)")
     args = parser.parse_args()
+    keep_freed_host_memory()
     on_gpu = jax.devices()[0].platform == "gpu"
     n = args.batch or (64 if on_gpu else 8)
     repeats = args.repeats or (20 if on_gpu else 5)

@@ -8,6 +8,8 @@
   synchronisation (~0.1 ms on a GPU) stays small against it.
 * jaxdnn and the jax.lax / jax.nn path run in the same process on the same inputs, and the
   tables report their ratio (> 1 means jaxdnn is faster).
+* Host memory freed by one call is kept for the next (keep_freed_host_memory): the timings are
+  of the kernels, not of the kernel's page faults on fresh output pages.
 """
 
 from __future__ import annotations
@@ -25,6 +27,24 @@ import numpy as np
 
 
 MIN_BATCH_S = 0.02
+
+
+def keep_freed_host_memory() -> None:
+    """Tells glibc's malloc to keep freed memory in the process (mallopt: no heap trimming, a
+    fixed 32 MB mmap threshold) instead of returning it to the OS. On the CPU every call's
+    outputs are fresh host buffers; returned to the OS between calls, each output page costs a
+    page fault when the kernel first writes it (~1 us on a VM). Whether glibc returns them
+    depends on the process's heap layout: on a 2-core VM, a batch norm forward of 6.4 MB took
+    400-1400 faults per op on either side, by process, and its time moved by 2x with them
+    (benchmarks/NOTES.md, session 24). No effect where the C library is not glibc."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    libc.mallopt(m_trim_threshold, 1 << 30)
+    libc.mallopt(m_mmap_threshold, 32 << 20)
 
 
 def time_op(fn: Callable, inputs: Sequence[tuple], *, repeats: int = 20, warmup: int = 2,

@@ -95,7 +95,8 @@ static_assert(kRegVecs == 8, "with_narrow dispatches NV = 1..8");
 // the state on the stack. The AVX-512 clone (32 registers, wide_register_file()) takes all the
 // tile's vectors in one block: one thread, batch_norm 8x56x56x64 float32 training forward
 // (dev/cpu_norm_bench.cc, Xeon with AVX-512, session 23) 769-783 us against 851-855 in two
-// blocks.
+// blocks; and, its block loop unrolled whole (by 4, the 8-vector state had stayed on the stack),
+// 628-658 us against 690-713 (session 24, another host).
 constexpr int kRegBlock = 4;
 static_assert(kRegVecs <= 2 * kRegBlock, "for_reg_blocks makes at most two blocks");
 
@@ -134,25 +135,32 @@ JAXDNN_ALWAYS_INLINE void column_stats_block(const FwdView<T>& v, const Tile& t,
   const Shape& s = v.s;
   V<T> shift[NB], mean[NB], m2[NB];
   const T* x0 = v.x + row_offset(s, t, t.a0) + k0 * N;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int k = 0; k < NB; ++k) {
     shift[k] = v.centered ? vload(x0 + k * N) : V<T>{};
     mean[k] = m2[k] = V<T>{};
   }
-  const T* x = x0;
-  for (int64_t a = t.a0; a < t.a1; ++a, x += s.CK()) {
-    const S<T> inv = S<T>(1) / S<T>(a - t.a0 + 1);
-#pragma GCC unroll 4
-    for (int k = 0; k < NB; ++k) {
-      const V<T> xv = vload(x + k * N) - shift[k], d = xv - mean[k];
-      if (v.centered) {
-        mean[k] += d * inv;
-        m2[k] += d * (xv - mean[k]);
-      } else {
-        m2[k] += xv * xv;
+  // Whole unrolling (NB <= 8) keeps the state arrays in registers: unrolled by 4, the 8-vector
+  // block of the AVX-512 clone kept them on the stack (two loads and two stores per vector of
+  // x); and the centred test outside the row loop.
+  auto walk = [&](auto centered) JAXDNN_INLINE_LAMBDA {
+    const T* x = x0;
+    for (int64_t a = t.a0; a < t.a1; ++a, x += s.CK()) {
+      const S<T> inv = S<T>(1) / S<T>(a - t.a0 + 1);
+#pragma GCC unroll 8
+      for (int k = 0; k < NB; ++k) {
+        const V<T> xv = vload(x + k * N) - shift[k], d = xv - mean[k];
+        if constexpr (decltype(centered)::value) {
+          mean[k] += d * inv;
+          m2[k] += d * (xv - mean[k]);
+        } else {
+          m2[k] += xv * xv;
+        }
       }
     }
-  }
+  };
+  if (v.centered) walk(std::true_type{});
+  else walk(std::false_type{});
   const int64_t off = (t.p * nslices + t.s) * s.CK() + t.j0 + k0 * N;
   for (int k = 0; k < NB; ++k)
     for (int i = 0; i < N; ++i) {
