@@ -102,7 +102,6 @@ struct Words {
   __device__ __forceinline__ static Words load_stream(const T* p) {
     return {__ldcs(reinterpret_cast<const uint4*>(p))};
   }
-  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<uint4*>(p) = w; }
   __device__ __forceinline__ void store_stream(T* p) const {
     __stcs(reinterpret_cast<uint4*>(p), w);
   }
