@@ -230,6 +230,19 @@ def test_training_forward_large(case, dtype, calls, monkeypatch):
     _check_forward(case, dtype, (x, s, b), first)
 
 
+# The CPU's channels-first training forward: a task takes whole groups of at most 256 KB through
+# statistics, merge and apply (the second pass reads the group from cache, cc/norm/cpu_segment.cc);
+# larger groups run the three passes. (2, 3, 100, 100) on axis 1: groups of 20000 values; (2, 3,
+# 200, 200): 80000, above the limit in both dtypes.
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", [batch_case((2, 3, 100, 100), 1),
+                                  batch_case((2, 3, 200, 200), 1)], ids=repr)
+def test_cpu_channels_first_training_forward(case, dtype):
+    x, s, b = _inputs(case, dtype)
+    out = jax.jit(lambda *a: case.run(*a))(*on("cpu", x, s, b))
+    _check_forward(case, dtype, (x, s, b), out)
+
+
 # On the GPU a channels-last float32 batch or group norm, and a channels-first training forward
 # that takes the split forward, is two custom calls, statistics then apply (cc/norm/norm.h's
 # two_call_forward, jaxdnn/ops/norm.py); one with JAXDNN_NORM_ONE_CALL=1. On the segment path both

@@ -6,10 +6,10 @@
 //   apply  y = (x - mean)*(rstd*scale) + bias.                Traffic: read x, write y.
 //   grads  sums of dy*xhat and dy per segment.                Traffic: read x, dy.
 //   dx     dx = scale*rstd*dy + (x - mean)*c1 + c2.           Traffic: read x, dy, write dx.
-//   fused  training, when a group is K contiguous segments (A == 1: group and instance norm)
-//          of at most kFusedGroupBytes: a task takes whole groups through stats, merge and
-//          apply, so apply re-reads x from L1/L2 instead of memory. The same partials merged in
-//          the same order: bitwise equal to the three passes. Traffic: read x, write y.
+//   fused  training, when a group (K contiguous segments in each of the A sample rows) holds
+//          at most kFusedGroupBytes: a task takes whole groups through stats, merge and apply,
+//          so apply re-reads x from L1/L2 instead of memory. The same partials merged in the
+//          same order: bitwise equal to the three passes. Traffic: read x, write y.
 // Tasks take whole segments (whole groups when fused), about 32K values each.
 
 #include "cc/norm/cpu_kernels.h"
@@ -88,14 +88,21 @@ JAXDNN_ALWAYS_INLINE void segment_dx_range(const BwdView<T>& v, int64_t r0, int6
   }
 }
 
-// Groups [g0, g1) of a problem with A == 1 (group g = segments g*K .. g*K + K - 1).
+// Groups [g0, g1); group g = (p, c) is segments ((p*A + a)*C + c)*K + [0, K) of each row a.
 template <typename T>
 JAXDNN_ALWAYS_INLINE void segment_fused_range(const FwdView<T>& v, int64_t g0, int64_t g1) {
-  const int64_t K = v.s.K;
+  const Shape& s = v.s;
   for (int64_t g = g0; g < g1; ++g) {
-    segment_stats_range(v, g * K, (g + 1) * K);
+    const int64_t p = g / s.C, c = g % s.C;
+    for (int64_t a = 0; a < s.A; ++a) {
+      const int64_t r0 = ((p * s.A + a) * s.C + c) * s.K;
+      segment_stats_range(v, r0, r0 + s.K);
+    }
     merge_group_stats(v, g);
-    segment_apply_range(v, g * K, (g + 1) * K);
+    for (int64_t a = 0; a < s.A; ++a) {
+      const int64_t r0 = ((p * s.A + a) * s.C + c) * s.K;
+      segment_apply_range(v, r0, r0 + s.K);
+    }
   }
 }
 
@@ -156,8 +163,8 @@ void segment_dx(const BwdView<T>& v, const Parallel& par) {
 template <typename T>
 bool segment_fused(const FwdView<T>& v, const Parallel& par) {
   const Shape& s = v.s;
-  const int64_t group = s.K * s.T;
-  if (s.A != 1 || group * int64_t(sizeof(T)) > segment::kFusedGroupBytes) return false;
+  const int64_t group = s.A * s.K * s.T;
+  if (group * int64_t(sizeof(T)) > segment::kFusedGroupBytes) return false;
   const int64_t n = s.groups(), per = std::max<int64_t>(1, 32768 / group);
   par.for_each((n + per - 1) / per,
                [&](int64_t i) { segment_fused_task(v, i * per, std::min(n, (i + 1) * per)); });
