@@ -8,7 +8,8 @@ per op. Wall minus busy is time the GPU sat idle between kernels.
     PYTHONPATH=. python3 dev/kernel_trace.py --run-only batch_norm:float32  # (under ncu)
 
 Cases: the pooling ops of benchmarks/bench_pool.py (forward), the normalization cases of
-benchmarks/bench_norm.py (forward; NCHW ones as group_norm_nchw / batch_norm_nchw), the
+benchmarks/bench_norm.py (forward; NCHW ones as group_norm_nchw / batch_norm_nchw; a `_bwd`
+suffix times the backward as bench_norm does: each side's vjp function applied to dy), the
 activations of benchmarks/bench_activation.py (forward, as act_relu and so on), and the
 depthwise layers of the conv table (N=64, 56x56: 3x3 with C=144, 7x7 with C=96) as dw3_fwd,
 dw7_bwd_data, dw7_bwd_filter and so on; bn_mix is XLA's batch norm statistics followed by our
@@ -50,6 +51,8 @@ def pool_case(name, dtype):
 
 
 def norm_case(name, dtype):
+    backward = name.endswith("_bwd")
+    name = name[:-4] if backward else name
     op, layout = (name[:-5], "NCHW") if name.endswith("_nchw") else (name, None)
     for case in bench_norm.cases("gpu"):
         if case[0] == op and (layout is None or case[1] == layout):
@@ -60,7 +63,20 @@ def norm_case(name, dtype):
     rng = np.random.default_rng(0)
     pshape = bench_norm._param_shape(op, layout, shape)
     args = [bench_norm.make_inputs(shape, pshape, n_stats, dtype, rng) for _ in range(COPIES)]
-    return ours, ref, args
+    if not backward:
+        return ours, ref, args
+
+    def vjps(f):  # (vjp function, cotangents) per input, as bench_norm's backward rows
+        res = []
+        for a in args:
+            out, vjp = jax.jit(lambda *a: jax.vjp(f, *a))(*a)
+            cts = jax.tree_util.tree_map(
+                lambda o: jnp.asarray(rng.standard_normal(o.shape, np.float32), o.dtype), out)
+            res.append((vjp, cts))
+        return res
+
+    apply = lambda vjp, cts: vjp(cts)
+    return apply, apply, (vjps(ours), vjps(ref))
 
 
 def mix_case(name, dtype):
@@ -207,6 +223,7 @@ def main():
     if sys.argv[1] == "--run-only":  # ours, a few calls, untraced (for ncu --kernel-name ...)
         for spec in sys.argv[2:]:
             ours, _, args = make_case(*spec.split(":"))
+            args = args[0] if isinstance(args, tuple) else args
             f = many_fn(ours)
             for _ in range(3):
                 jax.block_until_ready(f(args))
@@ -215,9 +232,10 @@ def main():
     for spec in sys.argv[1:]:
         name, dtype = spec.split(":")
         ours, ref, args = make_case(name, dtype)
+        ours_args, ref_args = args if isinstance(args, tuple) else (args, args)
         print(f"=== {name} {dtype}", flush=True)
-        w_o, b_o = report("jaxdnn", many_fn(ours), args)
-        w_x, b_x = report("XLA   ", many_fn(ref), args)
+        w_o, b_o = report("jaxdnn", many_fn(ours), ours_args)
+        w_x, b_x = report("XLA   ", many_fn(ref), ref_args)
         rows.append((spec, w_o, b_o, w_x, b_x))
     print(f"\n{'case':28} {'ours wall':>9} {'busy':>7} {'XLA wall':>9} {'busy':>7} {'ratio':>6}")
     for spec, w_o, b_o, w_x, b_x in rows:

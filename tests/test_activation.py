@@ -4,6 +4,7 @@ second-order gradient checks and argument errors, on every platform present."""
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -81,6 +82,85 @@ def test_special_values(platform, dtype, name):
     [(y_ref, dx_ref)] = _ref_value_and_vjp(name, [(x, np.ones_like(x))])
     assert_close(y, y_ref, dtype, what=name)
     assert_close(dx, dx_ref, dtype, what=f"{name} grad")
+
+
+def _all_values(dtype, limit):
+    """Every normal value of a 16-bit dtype in [-limit, limit], and zero, from its bit patterns
+    (subnormal inputs may be flushed to zero: XLA:CPU runs with denormals off)."""
+    v = np.arange(1 << 16, dtype=np.uint16).view(np.dtype(dtype))
+    v = v[np.isfinite(v)].astype(np.float64)
+    return v[(np.abs(v) <= limit) & ((np.abs(v) >= float(jnp.finfo(dtype).tiny)) | (v == 0))]
+
+
+def _sigmoid64(x):
+    """sigmoid in float64 without cancellation on either side."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+_ERFC = np.vectorize(math.erfc)
+_U = lambda x: 2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)  # tanh-gelu's 2u
+
+# (f, f') in float64 written so that neither cancels where the value is small (jax.nn's
+# float64 tanh-gelu is x (1 + tanh(u)) / 2, which loses all digits for x < -10): the exact
+# values the 16-bit test compares against.
+STABLE = {
+    "relu": (lambda x: np.maximum(x, 0), lambda x: (x > 0) * 1.0),
+    "relu6": (lambda x: np.clip(x, 0, 6), lambda x: ((x > 0) & (x < 6)) * 1.0),
+    "leaky_relu": (lambda x: np.where(x >= 0, x, 0.01 * x), lambda x: np.where(x >= 0, 1, 0.01)),
+    "leaky_relu_0.2": (lambda x: np.where(x >= 0, x, 0.2 * x),
+                       lambda x: np.where(x >= 0, 1, 0.2)),
+    "elu": (lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
+            lambda x: np.where(x > 0, 1, np.exp(np.minimum(x, 0)))),
+    "elu_0.7": (lambda x: np.where(x > 0, x, 0.7 * np.expm1(np.minimum(x, 0))),
+                lambda x: np.where(x > 0, 1, 0.7 * np.exp(np.minimum(x, 0)))),
+    "sigmoid": (_sigmoid64, lambda x: _sigmoid64(x) * _sigmoid64(-x)),
+    "tanh": (np.tanh, lambda x: 1 / np.cosh(x) ** 2),
+    "gelu": (lambda x: x * _sigmoid64(_U(x)),
+             lambda x: _sigmoid64(_U(x)) + x * 2 * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x**2)
+             * _sigmoid64(_U(x)) * _sigmoid64(-_U(x))),
+    "gelu_exact": (lambda x: 0.5 * x * _ERFC(-x / np.sqrt(2)),
+                   lambda x: 0.5 * _ERFC(-x / np.sqrt(2)) + x * np.exp(-x * x / 2)
+                   / np.sqrt(2 * np.pi)),
+    "silu": (lambda x: x * _sigmoid64(x), lambda x: _sigmoid64(x) * (1 + x * _sigmoid64(-x))),
+    "softplus": (lambda x: np.logaddexp(0, x), _sigmoid64),
+}
+
+
+def _assert_rounds_like(out, ref, dtype, what):
+    """`out` (the dtype's values) is `ref` (exact) rounded to the dtype, except next to a rounding
+    midpoint: a result one step away must have the midpoint within 2e-5 (relative) + 1e-6
+    (absolute: float evaluation of O(1) terms) of the exact value. An approximation that is
+    good to 2e-5 passes; one good only to the dtype's own precision (2^-9 in bfloat16) fails."""
+    out = np.asarray(out).astype(np.float64)
+    want = np.asarray(ref.astype(np.dtype(dtype)), np.float64)
+    both_nan = np.isnan(out) & np.isnan(want)
+    off = ~both_nan & (out != want)
+    mid = (out + want) / 2
+    near_mid = np.abs(ref - mid) <= 2e-5 * np.abs(ref) + 1e-6
+    step = np.nextafter(want.astype(np.dtype(dtype)), out.astype(np.dtype(dtype)))
+    adjacent = np.asarray(step, np.float64) == out
+    tiny = 64 * float(np.finfo(np.float32).tiny)  # float intermediates may flush to zero
+    underflow = (np.abs(out) < tiny) & (np.abs(ref) < tiny)
+    bad = off & ~(near_mid & adjacent) & ~underflow
+    assert not bad.any(), (f"{what}: {bad.sum()} of {out.size} values misrounded, e.g. x-index "
+                           f"{np.flatnonzero(bad)[:5]}: got {out[bad][:5]}, exact {ref[bad][:5]}")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("name", OPS)
+def test_16bit_results_round_correctly(platform, dtype, name):
+    """16-bit storage computes in float, on the GPU with MUFU's exp, log2 and reciprocal and
+    short series where those would cancel: over every value of the dtype in [-30, 30], the
+    forward and the backward (dy = 1) must be the exact value (STABLE, float64) rounded to the
+    dtype, up to ties (_assert_rounds_like)."""
+    x64 = _all_values(dtype, 30.0)
+    x = x64.astype(np.dtype(dtype))
+    [(y, dx)] = _value_and_vjp(OPS[name][0])([on(platform, x, np.ones_like(x))])
+    f, df = STABLE[name]
+    _assert_rounds_like(y, f(x64), dtype, f"{name} forward")
+    _assert_rounds_like(dx, df(x64), dtype, f"{name} backward")
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

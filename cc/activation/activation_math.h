@@ -1,8 +1,9 @@
 // The activation formulas, shared by the CPU and CUDA kernels. `M` supplies exp, expm1, log1p,
-// tanh, erfc, inv_one_plus(e) (= 1 / (1 + e) for e in [0, 1] or NaN, correctly rounded) and
-// select(c, a, b) (= c ? a : b) for the compute type A (float, or double for float64):
-// cpu_math on the CPU (whose select is a bitwise blend, so the loops vectorise), the CUDA math
-// library and `?:` on the GPU.
+// tanh, erfc, inv_one_plus(e) (= 1 / (1 + e) for e in [0, 5.05] or NaN, correctly rounded),
+// abs, fma and select(c, a, b) (= c ? a : b) for the compute type A (float, or double for
+// float64): cpu_math on the CPU (whose select is a bitwise blend, so the loops vectorise), the
+// CUDA math library and `?:` on the GPU. For float, both platforms' erfc is erfc_fitted below
+// on their own exp and reciprocal.
 //
 // They follow jax.nn exactly, special values included: relu/relu6 propagate NaN; relu'(0) = 0
 // and relu6' is 0 at 0 and 6 (jax's choice); leaky_relu' is the negative slope at NaN;
@@ -24,6 +25,42 @@ constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
 constexpr double kGeluCubic = 0.044715;                 // tanh-gelu's cubic coefficient
 constexpr double kSqrtHalf = 0.70710678118654752440;     // sqrt(1/2)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2 pi)
+
+// exp(-a*a), with the rounding error of a*a (up to ulp(a*a)/2 in the exponent) compensated to
+// first order.
+template <typename M>
+JAXDNN_ACT_FN float exp_neg_square(float a) {
+  const float hi = a * a, lo = M::fma(a, a, -hi);
+  const float e = M::exp(-hi);
+  return e - e * lo;
+}
+
+// erfc(x) = exp(-a^2) g(t) for a = |x|, t = 1/(1 + a/2), where g(t) = erfcx(2/t - 2) is a
+// degree-9 polynomial fitted (relative least squares, reweighted towards minimax) on a in
+// [0, 10.06]: max fit error 0.6 ulp, 6.1 ulp after float rounding and evaluation with an exact
+// exp and division. erfc(-a) = 2 - erfc(a). No separate erf branch: the one polynomial covers
+// a = 0 (g = 1) to the float underflow of erfc near a = 10. Straight-line code: it vectorises
+// on the CPU, and on the GPU it took gelu_exact off the CUDA library's erfcf (benchmarks/NOTES.md,
+// session 25).
+template <typename M>
+JAXDNN_ACT_FN float erfc_fitted(float x) {
+  const float a = M::abs(x);
+  const float ac = M::select(a > 10.1f, 10.1f, a);  // NaN stays NaN
+  const float t = M::inv_one_plus(0.5f * ac);
+  float g = -5.5153266e-02f;
+  g = g * t + 2.6443475e-01f;
+  g = g * t - 4.4267151e-01f;
+  g = g * t + 2.2270219e-01f;
+  g = g * t + 1.5892832e-02f;
+  g = g * t + 1.8184473e-01f;
+  g = g * t + 2.4960282e-01f;
+  g = g * t + 2.8113595e-01f;
+  g = g * t + 2.8221726e-01f;
+  g = g * t - 5.8211240e-06f;
+  float r = exp_neg_square<M>(ac) * g;
+  r = M::select(a > 10.1f, 0.0f, r);  // erfc(10.1) < 2^-149
+  return M::select(x < 0.0f, 2.0f - r, r);
+}
 
 // sigmoid(x) and sigmoid(-x) = 1 - sigmoid(x) from one exp(-|x|), which never overflows; both
 // are exact limits (0 or 1) at +-inf.
@@ -90,8 +127,11 @@ JAXDNN_ACT_FN A backward(A x, A dy, A alpha) {
     const SigmoidPair<A> p = sigmoid_pair<M>(x);
     return dy * (p.s * p.sm);
   } else if constexpr (kOp == Op::kTanh) {
-    const A t = M::tanh(x);
-    return dy * ((A(1) - t) * (A(1) + t));
+    // 1 - tanh(x)^2 = 4e / (1 + e)^2 with e = exp(-2|x|) in [0, 1]: no cancellation where
+    // tanh(x) nears +-1 (1 - t*t from a rounded t keeps no digits there).
+    const A e = M::exp(A(2) * M::select(x < A(0), x, -x));  // NaN stays NaN
+    const A r = M::inv_one_plus(e);
+    return dy * (A(4) * e * r * r);
   } else if constexpr (kOp == Op::kGeluTanh) {
     // d/dx x sigmoid(2u) = S + x (2u)' S (1 - S),  (2u)' = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2)
     const SigmoidPair<A> p = sigmoid_pair<M>(gelu_two_u(x));

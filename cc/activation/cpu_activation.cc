@@ -7,6 +7,7 @@
 // + writes n, each once.
 
 #include <algorithm>
+#include <cmath>
 
 #include "cc/activation/activation.h"
 #include "cc/activation/activation_math.h"
@@ -23,8 +24,11 @@ struct CpuMath {
   template <typename A> static JAXDNN_INLINE A expm1(A x) { return cm::expm1(x); }
   template <typename A> static JAXDNN_INLINE A log1p(A x) { return cm::log1p(x); }
   template <typename A> static JAXDNN_INLINE A tanh(A x) { return cm::tanh(x); }
-  template <typename A> static JAXDNN_INLINE A erfc(A x) { return cm::erfc(x); }
+  static JAXDNN_INLINE float erfc(float x) { return erfc_fitted<CpuMath>(x); }
+  static JAXDNN_INLINE double erfc(double x) { return std::erfc(x); }
   template <typename A> static JAXDNN_INLINE A inv_one_plus(A e) { return A(1) / (A(1) + e); }
+  static JAXDNN_INLINE float abs(float x) { return std::fabs(x); }
+  static JAXDNN_INLINE float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
   template <typename A> static JAXDNN_INLINE A select(bool c, A a, A b) { return cm::select(c, a, b); }
 };
 
