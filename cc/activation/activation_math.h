@@ -1,6 +1,7 @@
 // The activation formulas, shared by the CPU and CUDA kernels. `M` supplies exp, expm1, log1p,
 // tanh, erfc, inv_one_plus(e) (= 1 / (1 + e) for e in [0, 5.05] or NaN, correctly rounded),
-// abs, fma and select(c, a, b) (= c ? a : b) for the compute type A (float, or double for
+// abs, fma, select(c, a, b) (= c ? a : b) and kFast (true: results are rounded to a 16-bit
+// type, so float-level accuracy is not needed) for the compute type A (float, or double for
 // float64): cpu_math on the CPU (whose select is a bitwise blend, so the loops vectorise), the
 // CUDA math library and `?:` on the GPU. For float, both platforms' erfc is erfc_fitted below
 // on their own exp and reciprocal.
@@ -27,9 +28,10 @@ constexpr double kSqrtHalf = 0.70710678118654752440;     // sqrt(1/2)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2 pi)
 
 // exp(-a*a), with the rounding error of a*a (up to ulp(a*a)/2 in the exponent) compensated to
-// first order.
+// first order; M::kFast (16-bit results) leaves that error (6e-6 at most, for a <= 10.1) in.
 template <typename M>
 JAXDNN_ACT_FN float exp_neg_square(float a) {
+  if constexpr (M::kFast) return M::exp(-a * a);
   const float hi = a * a, lo = M::fma(a, a, -hi);
   const float e = M::exp(-hi);
   return e - e * lo;
@@ -39,26 +41,39 @@ JAXDNN_ACT_FN float exp_neg_square(float a) {
 // degree-9 polynomial fitted (relative least squares, reweighted towards minimax) on a in
 // [0, 10.06]: max fit error 0.6 ulp, 6.1 ulp after float rounding and evaluation with an exact
 // exp and division. erfc(-a) = 2 - erfc(a). No separate erf branch: the one polynomial covers
-// a = 0 (g = 1) to the float underflow of erfc near a = 10. Straight-line code: it vectorises
-// on the CPU, and on the GPU it took gelu_exact off the CUDA library's erfcf (benchmarks/NOTES.md,
-// session 25).
+// a = 0 (g = 1) to the float underflow of erfc near a = 10. M::kFast (16-bit results) takes a
+// degree-7 fit of the same kind (max fit error 4.2e-7; 6.8e-7 evaluated in float).
+// Straight-line code: it vectorises on the CPU, and on the GPU it took gelu_exact off the CUDA
+// library's erfcf (benchmarks/NOTES.md, session 25).
 template <typename M>
 JAXDNN_ACT_FN float erfc_fitted(float x) {
   const float a = M::abs(x);
   const float ac = M::select(a > 10.1f, 10.1f, a);  // NaN stays NaN
   const float t = M::inv_one_plus(0.5f * ac);
-  float g = -5.5153266e-02f;
-  g = g * t + 2.6443475e-01f;
-  g = g * t - 4.4267151e-01f;
-  g = g * t + 2.2270219e-01f;
-  g = g * t + 1.5892832e-02f;
-  g = g * t + 1.8184473e-01f;
-  g = g * t + 2.4960282e-01f;
-  g = g * t + 2.8113595e-01f;
-  g = g * t + 2.8221726e-01f;
-  g = g * t - 5.8211240e-06f;
+  float g;
+  if constexpr (M::kFast) {
+    g = 9.77218598e-02f;
+    g = g * t - 3.92431766e-01f;
+    g = g * t + 4.43781137e-01f;
+    g = g * t - 5.92604559e-03f;
+    g = g * t + 3.01371068e-01f;
+    g = g * t + 2.72517920e-01f;
+    g = g * t + 2.83001781e-01f;
+    g = g * t - 3.55658085e-05f;
+  } else {
+    g = -5.5153266e-02f;
+    g = g * t + 2.6443475e-01f;
+    g = g * t - 4.4267151e-01f;
+    g = g * t + 2.2270219e-01f;
+    g = g * t + 1.5892832e-02f;
+    g = g * t + 1.8184473e-01f;
+    g = g * t + 2.4960282e-01f;
+    g = g * t + 2.8113595e-01f;
+    g = g * t + 2.8221726e-01f;
+    g = g * t - 5.8211240e-06f;
+  }
   float r = exp_neg_square<M>(ac) * g;
-  r = M::select(a > 10.1f, 0.0f, r);  // erfc(10.1) < 2^-149
+  r = M::select(a > 10.1f, 0.0f, r);  // erfc(10.1) < 2^-149; and gelu(-inf) = -inf * 0 = NaN
   return M::select(x < 0.0f, 2.0f - r, r);
 }
 

@@ -20,6 +20,7 @@ namespace cm = cpu_math;
 
 // The math policy of activation_math.h.
 struct CpuMath {
+  static constexpr bool kFast = false;
   template <typename A> static JAXDNN_INLINE A exp(A x) { return cm::exp(x); }
   template <typename A> static JAXDNN_INLINE A expm1(A x) { return cm::expm1(x); }
   template <typename A> static JAXDNN_INLINE A log1p(A x) { return cm::log1p(x); }

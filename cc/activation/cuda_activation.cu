@@ -31,8 +31,9 @@ using cuda::to_acc;
 // (ex2.approx without .ftz) instead of expf's ~10 instructions. Its relative error stays under
 // 1e-5 for |x| < 88 (the rounding of x*log2(e) dominates), far inside the rounding of a
 // bfloat16 or float16 result (2^-9, 2^-12).
-template <bool kFast>
+template <bool kFastMath>
 struct CudaMath {
+  static constexpr bool kFast = kFastMath;
   static __device__ __forceinline__ float exp(float x) {
     if constexpr (kFast) {
       float r;
@@ -97,7 +98,7 @@ constexpr int kThreads = 256;
 // threads are the bytes in flight, and a full SM (8 blocks) needs at most 32 registers a thread:
 // silu's backward in bfloat16 took 34 registers, i.e. 6 blocks, and ran 8% slower than
 // sigmoid's (32 registers, 8 blocks); at 8 blocks it went from 211 to 194 us. The exception is
-// gelu_exact's 16-bit forward (5: it takes 45 registers; at 32 it spilled and lost 7%). Every
+// gelu_exact's 16-bit forward (6: it takes 39 registers, and spills 32 bytes at 32). Every
 // kernel states its bound: without a minimum nvcc gave most of them 32 registers, but with a
 // minimum of 1 it gave them 35-64 (gelu_exact float32 forward: 44 registers, 306 -> 358 us).
 // The float64 kernels of the longer formulas spill a few words at 8 (not benchmarked).
