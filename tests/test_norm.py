@@ -317,6 +317,21 @@ def test_backward(case, dtype, platform):
         np.testing.assert_array_equal(db, 0)
 
 
+# The CUDA row backward runs one wave of blocks, each walking its rows through a ring of 2-4
+# stages of x and dy in shared memory (cc/norm/cuda_row.cu): these shapes give each row group
+# more rows than stages, so the ring wraps. 4096-wide rows: 512 threads per row, 4 stages in
+# 16-bit types, 3 in float32; 40-wide: four rows per block (a warp each); 1001-wide: single
+# values (16-bit ones copied through registers).
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", [layer_case("layer_norm", (1500, 4096)),
+                                  layer_case("rms_norm", (1500, 4096)),
+                                  layer_case("layer_norm", (24000, 40)),
+                                  layer_case("layer_norm", (3000, 1001))], ids=repr)
+def test_row_backward_ring(case, dtype):
+    device("gpu")  # skips without a GPU
+    test_backward(case, dtype, "gpu")
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape,axis", [((4, 5, 3), -1), ((3, 4, 5, 6), 1), ((2000, 3), 0)])

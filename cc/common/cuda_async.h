@@ -24,10 +24,14 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred
   cp_async16(smem_addr(dst), src, pred);
 }
 
-// The same for 8 bytes (through L1: the 16-byte-only .cg form does not apply).
+// The same for 8 or 4 bytes (through L1: the 16-byte-only .cg form does not apply).
 __device__ __forceinline__ void cp_async8(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(pred ? 8 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(pred ? 4 : 0));
 }
 
 // Closes the group of the copies issued since the last commit.

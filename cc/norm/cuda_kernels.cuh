@@ -556,8 +556,8 @@ template <typename D> Status segment_split_stats(const Fwd<D>& f, cudaStream_t s
 template <typename D> Status segment_split_apply(const Fwd<D>& f, cudaStream_t st, bool* ran);
 
 template <typename D> Status row_forward(const Fwd<D>& f, cudaStream_t st);
-template <typename D> Status row_backward(const Bwd<D>& b, int64_t slices, cudaStream_t st);
-inline int64_t row_bwd_slices(const Shape& s) { return row_bwd_max_slices(s); }
+// *slices: the d(scale), d(bias) partial rows it wrote per affine row (<= row_bwd_max_slices).
+template <typename D> Status row_backward(const Bwd<D>& b, int64_t* slices, cudaStream_t st);
 
 // Rows per slice of column_stats's partials (and so of their merge), for vec-column threads.
 int64_t column_stats_rows(const Shape& s, int vec);

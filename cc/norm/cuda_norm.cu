@@ -247,8 +247,8 @@ Status backward(const Problem& p, const BwdBuffers& b, cudaStream_t st) {
   }
   switch (path_of(s)) {
     case Path::kRow: {
-      const int64_t slices = row_bwd_slices(s);
-      return run_steps([&] { return row_backward(v, slices, st); },
+      int64_t slices = 0;
+      return run_steps([&] { return row_backward(v, &slices, st); },
                        [&] { return reduce_params(v.ws0, v.ws1, dscale, dbias, s, slices, st); });
     }
     case Path::kColumn:  // (inference: column_grads writes dx too)

@@ -22,6 +22,7 @@
 // L2): forward Welford per thread + block merge, then y; backward sums, then dx with the
 // d(scale), d(bias) partials accumulated in the block's own workspace row.
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cc/common/cuda_rows.h"
@@ -104,73 +105,140 @@ struct BwdBlock {
   }
 };
 
+// Row sums of two values at once: over a warp (RT == 32), else over the block with one pair of
+// barriers. `scratch` holds 2 x 32 values.
+template <typename Acc>
+__device__ __forceinline__ void row_sum2(Acc& a, Acc& b, Acc (*scratch)[32]) {
+  a = cuda::warp_reduce(a, cuda::SumOp{});
+  b = cuda::warp_reduce(b, cuda::SumOp{});
+  if (blockDim.x == 32) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();  // scratch may still be read after the previous row's sums
+  if (lane == 0) {
+    scratch[0][warp] = a;
+    scratch[1][warp] = b;
+  }
+  __syncthreads();
+  a = cuda::warp_reduce(lane < warps ? scratch[0][lane] : Acc(0), cuda::SumOp{});
+  b = cuda::warp_reduce(lane < warps ? scratch[1][lane] : Acc(0), cuda::SumOp{});
+}
+
+// Copies VEC values at src into a thread's ring slot: 16-, 8- and 4-byte units with cp.async (in
+// flight while the thread computes); a single 16-bit value, which cp.async cannot copy (rows that
+// are not vector-aligned), through a register, so those rows are not prefetched.
+template <typename D, int VEC>
+__device__ __forceinline__ void ring_copy(D* dst, const D* src, bool pred) {
+  constexpr int kBytes = VEC * int(sizeof(D));
+  if constexpr (kBytes == 16) cuda::cp_async16(dst, src, pred);
+  else if constexpr (kBytes == 8) cuda::cp_async8(dst, src, pred);
+  else if constexpr (kBytes == 4) cuda::cp_async4(dst, src, pred);
+  else if (pred) *dst = *src;
+}
+
+// Waits until the row `stages - 1` commits back is in (the ring's oldest pending row).
+__device__ __forceinline__ void ring_wait(int stages) {
+  if (stages == 2) cuda::cp_async_wait<1>();
+  else if (stages == 3) cuda::cp_async_wait<2>();
+  else cuda::cp_async_wait<3>();
+}
+
 template <typename D, int VEC, int NV>
-__global__ void __launch_bounds__(512) row_bwd_kernel(Bwd<D> b, int64_t slices) {
+__global__ void __launch_bounds__(512, 2) row_bwd_kernel(Bwd<D> b, int64_t slices, int stages) {
   using Acc = A<D>;
   constexpr int E = NV * VEC;
-  __shared__ Acc scratch[32];
-  __shared__ Acc part[2][4][32 * E];  // (dscale|dbias, row group, column) when RPB > 1
+  extern __shared__ uint4 ring_words[];  // (stage, x|dy, pack, thread) slots of VEC values
+  __shared__ Acc scratch[2][32];
   cuda::await_prior_grids();
-  const int tid = threadIdx.x, RT = blockDim.x;
+  const int tid = threadIdx.x, RT = blockDim.x, RPB = blockDim.y;
+  const int threads = RT * RPB, lin = threadIdx.y * RT + tid;
   const Shape& s = b.s;
   const int64_t K = s.K;
   const BwdBlock blk(s, slices);
   const Acc* scale = b.scale + (blk.q * s.C + blk.c) * K;  // one affine row: L1-resident
-  Acc dg[NV][VEC] = {}, db[NV][VEC] = {};
-  for (int64_t p = blk.p0 + threadIdx.y; p < blk.p1; p += blockDim.y) {
-    const int64_t r = p * s.C + blk.c;
-    Acc x[NV][VEC], dy[NV][VEC];
+  D* const ring = reinterpret_cast<D*>(ring_words);
+  const auto slot = [&](int stage, int t, int i) {  // pack i of x (t = 0) or dy (1)
+    return ring + (((stage * 2 + t) * NV + i) * threads + lin) * VEC;
+  };
+  const auto next = [&](int stage) { return stage + 1 == stages ? 0 : stage + 1; };
+  const auto col = [&](int i) { return int64_t(i * RT + tid) * VEC; };
+  // This row group's rows: first, first + RPB, ... < p1; j counts them.
+  const int64_t first = blk.p0 + threadIdx.y;
+  const int rows = first < blk.p1 ? int((blk.p1 - first + RPB - 1) / RPB) : 0;
+  const auto row_of = [&](int j) { return (first + int64_t(j) * RPB) * s.C + blk.c; };
+  const auto fetch = [&](int j, int stage) {  // row j (nothing past the last row)
+    if (j < rows) {
+      const int64_t r = row_of(j);
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t k = int64_t(i * RT + tid) * VEC;
-      if (k < K) {
-        load_vals<D, VEC>(b.x + r * K + k, x[i]);
-        load_vals<D, VEC>(b.dy + r * K + k, dy[i]);
+      for (int i = 0; i < NV; ++i) {
+        const int64_t k = col(i);
+        ring_copy<D, VEC>(slot(stage, 0, i), b.x + r * K + k, k < K);
+        ring_copy<D, VEC>(slot(stage, 1, i), b.dy + r * K + k, k < K);
       }
     }
-    const Acc m = b.mean[r], rs = rstd_of<D>(b.var[r], b.eps);
+    cuda::cp_async_commit();  // one group per row, empty or not: ring_wait counts them
+  };
+  int fs = 0;  // the stage of the next row to fetch
+  for (int j = 0; j < stages - 1; ++j, fs = next(fs)) fetch(j, fs);
+  Acc dg[NV][VEC] = {}, db[NV][VEC] = {};
+  Acc m_next = rows > 0 ? b.mean[row_of(0)] : Acc(0), v_next = rows > 0 ? b.var[row_of(0)] : Acc(0);
+  for (int j = 0, cs = 0; j < rows; ++j, cs = next(cs), fs = next(fs)) {
+    fetch(j + stages - 1, fs);  // into the stage row j - 1 left
+    const int64_t r = row_of(j);
+    const Acc m = m_next, rs = rstd_of<D>(v_next, b.eps);
+    if (j + 1 < rows) {  // the next row's statistics, in flight with its copies
+      m_next = b.mean[row_of(j + 1)];
+      v_next = b.var[row_of(j + 1)];
+    }
+    ring_wait(stages);
     Acc sg = 0, sgxc = 0;  // sum(g*dy), sum(g*dy*(x - mean))
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t k = int64_t(i * RT + tid) * VEC;
+      const int64_t k = col(i);
       if (k >= K) continue;
-      Acc g[VEC];
+      Acc x[VEC], dy[VEC], g[VEC];
+      load_vals<D, VEC>(slot(cs, 0, i), x);
+      load_vals<D, VEC>(slot(cs, 1, i), dy);
       load_params(scale + k, g);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const Acc gd = g[e] * dy[i][e];
+        const Acc gd = g[e] * dy[e];
         sg += gd;
-        sgxc += gd * (x[i][e] - m);
+        sgxc += gd * (x[e] - m);
       }
     }
-    sg = row_sum(sg, scratch);
-    sgxc = row_sum(sgxc, scratch);
+    row_sum2(sg, sgxc, scratch);
     Acc c1, c2;
     b.coef_fn(r, Acc(K), rs, sg, sgxc * rs, &c1, &c2, tid == 0);
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t k = int64_t(i * RT + tid) * VEC;
+    for (int i = 0; i < NV; ++i) {  // x and dy again from the ring: fewer registers than keeping them
+      const int64_t k = col(i);
       if (k >= K) continue;
-      Acc g[VEC], out[VEC];
+      Acc x[VEC], dy[VEC], g[VEC], out[VEC];
+      load_vals<D, VEC>(slot(cs, 0, i), x);
+      load_vals<D, VEC>(slot(cs, 1, i), dy);
       load_params(scale + k, g);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const Acc xc = x[i][e] - m;
-        out[e] = g[e] * rs * dy[i][e] + xc * c1 + c2;
-        dg[i][e] += dy[i][e] * xc * rs;
-        db[i][e] += dy[i][e];
+        const Acc xc = x[e] - m;
+        out[e] = g[e] * rs * dy[e] + xc * c1 + c2;
+        dg[i][e] += dy[e] * xc * rs;
+        db[i][e] += dy[e];
       }
       store_vals<D, VEC>(b.dx + r * K + k, out);
     }
   }
-  // Row groups of one block hold partials of the same columns: add them in row-group order.
-  if (blockDim.y > 1) {
+  // Row groups of one block hold partials of the same columns: add them in row-group order,
+  // through the ring's space (part: (dscale|dbias, row group, value, lane)).
+  if (RPB > 1) {
+    Acc* part = reinterpret_cast<Acc*>(ring_words);
+    const auto at = [&](int t, int y, int v) { return ((t * RPB + y) * E + v) * 32 + tid; };
+    __syncthreads();  // every row group is done with its ring slots
 #pragma unroll
     for (int i = 0; i < NV; ++i)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        part[0][threadIdx.y][(i * VEC + e) * 32 + tid] = dg[i][e];
-        part[1][threadIdx.y][(i * VEC + e) * 32 + tid] = db[i][e];
+        part[at(0, threadIdx.y, i * VEC + e)] = dg[i][e];
+        part[at(1, threadIdx.y, i * VEC + e)] = db[i][e];
       }
     __syncthreads();
     if (threadIdx.y != 0) return;
@@ -178,15 +246,15 @@ __global__ void __launch_bounds__(512) row_bwd_kernel(Bwd<D> b, int64_t slices) 
     for (int i = 0; i < NV; ++i)
 #pragma unroll
       for (int e = 0; e < VEC; ++e)
-        for (int y = 1; y < int(blockDim.y); ++y) {
-          dg[i][e] += part[0][y][(i * VEC + e) * 32 + tid];
-          db[i][e] += part[1][y][(i * VEC + e) * 32 + tid];
+        for (int y = 1; y < RPB; ++y) {
+          dg[i][e] += part[at(0, y, i * VEC + e)];
+          db[i][e] += part[at(1, y, i * VEC + e)];
         }
   }
   const int64_t out = ((blk.q * slices + blk.sb) * s.C + blk.c) * K;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
-    const int64_t k = int64_t(i * RT + tid) * VEC;
+    const int64_t k = col(i);
     if (k >= K) continue;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
@@ -342,34 +410,57 @@ Status row_forward(const Fwd<D>& f, cudaStream_t st) {
                       cuda::grid_for(rows, 1, 132 * 16), kStreamThreads, 0, st, f);
 }
 
+// The cached backward's ring: as many stages of (x, dy) for the block's packs as fit in
+// kRingBytes, 2 to 4 (a 4096-wide row: 4 stages of 16 KB in bfloat16, 3 of 32 KB in float32),
+// in one wave of blocks (each walking rows / wave rows; no second, partial wave).
+constexpr int64_t kRingBytes = 96 << 10;
+
 template <typename D>
-Status row_backward(const Bwd<D>& b, int64_t slices, cudaStream_t st) {
+Status row_backward(const Bwd<D>& b, int64_t* slices, cudaStream_t st) {
   constexpr int kMaxE = sizeof(D) == 8 ? 8 : 16;
+  const Shape& s = b.s;
   const bool aligned = cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) &&
                        cuda::vec_aligned(b.dx) && cuda::vec_aligned(b.scale);
   // Up to 512 threads before 16 values per thread: the dscale/dbias accumulators double the
-  // registers per value, and 8 values per thread keep four 512-thread blocks' worth resident.
-  const RowConfig c = row_config(b.s.K, Vec<D>::kN, aligned, kMaxE, 512, 512);
-  const int64_t blocks = b.s.Q * slices * b.s.C;
-  if (blocks == 0) return Status::Ok();
+  // registers per value.
+  const RowConfig c = row_config(s.K, Vec<D>::kN, aligned, kMaxE, 512, 512);
+  *slices = row_bwd_max_slices(s);
+  if (s.Q * *slices * s.C == 0) return Status::Ok();
   if (!c.cached)
-    return cuda::launch("norm row_bwd_stream_kernel", row_bwd_stream_kernel<D>, unsigned(blocks),
-                        kStreamThreads, 0, st, b, slices);
+    return cuda::launch("norm row_bwd_stream_kernel", row_bwd_stream_kernel<D>,
+                        unsigned(s.Q * *slices * s.C), kStreamThreads, 0, st, b, *slices);
   Status status = Status::Error("norm row_bwd_kernel: no configuration for the row");
   with_vec<D>(c.vec, [&](auto vec) {
     with_nv(c.nv, [&](auto nv) {
-      if constexpr (nv() * vec() <= kMaxE)
-        status = cuda::launch("norm row_bwd_kernel", row_bwd_kernel<D, vec(), nv()>,
-                              unsigned(blocks), dim3(c.rt, c.rpb), 0, st, b, slices);
+      if constexpr (nv() * vec() <= kMaxE) {
+        constexpr auto kernel = row_bwd_kernel<D, vec(), nv()>;
+        const int threads = c.rt * c.rpb;
+        const int64_t stage = 2 * nv() * threads * vec() * int64_t(sizeof(D));
+        const int stages = int(std::clamp<int64_t>(kRingBytes / stage, 2, 4));
+        const size_t smem = size_t(stages * stage);
+        const char* what = "norm row_bwd_kernel";
+        int per_sm = 0;
+        status = cuda::check(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            what);
+        if (status.ok())
+          status = cuda::check(
+              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), what);
+        if (!status.ok()) return;
+        const int64_t wave = int64_t(std::max(per_sm, 1)) * std::max(cuda::sm_count(), 1);
+        *slices = std::clamp<int64_t>((wave + s.Q * s.C - 1) / (s.Q * s.C), 1, *slices);
+        status = cuda::launch(what, kernel, unsigned(s.Q * *slices * s.C), dim3(c.rt, c.rpb), smem,
+                              st, b, *slices, stages);
+      }
     });
   });
   return status;
 }
 
 JAXDNN_NORM_CUDA_INSTANTIATE(row_forward, Fwd);
-template Status row_backward<float>(const Bwd<float>&, int64_t, cudaStream_t);
-template Status row_backward<double>(const Bwd<double>&, int64_t, cudaStream_t);
-template Status row_backward<__half>(const Bwd<__half>&, int64_t, cudaStream_t);
-template Status row_backward<__nv_bfloat16>(const Bwd<__nv_bfloat16>&, int64_t, cudaStream_t);
+template Status row_backward<float>(const Bwd<float>&, int64_t*, cudaStream_t);
+template Status row_backward<double>(const Bwd<double>&, int64_t*, cudaStream_t);
+template Status row_backward<__half>(const Bwd<__half>&, int64_t*, cudaStream_t);
+template Status row_backward<__nv_bfloat16>(const Bwd<__nv_bfloat16>&, int64_t*, cudaStream_t);
 
 }  // namespace jaxdnn::norm::cuda_impl
