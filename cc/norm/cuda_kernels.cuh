@@ -236,9 +236,19 @@ struct GradCoef {
   Acc* dmean_out;
   Acc* dvar_out;
 
+  // The cotangents of group g's statistics outputs (training), which the coefficients read:
+  // a kernel walking groups can load the next group's ahead of its sums.
+  struct Cotangents {
+    Acc dmean, dvar;
+  };
+  __device__ __forceinline__ Cotangents cotangents(int64_t g) const {
+    if (!training) return {0, 0};
+    return {centered ? dmean[g] : Acc(0), dvar[g]};
+  }
+
   // Coefficients of group g; `write` (one thread per group) stores the inference outputs.
-  __device__ __forceinline__ void operator()(int64_t g, Acc n, Acc r, Acc sg, Acc sgx, Acc* c1,
-                                             Acc* c2, bool write) const {
+  __device__ __forceinline__ void operator()(int64_t g, Cotangents ct, Acc n, Acc r, Acc sg,
+                                             Acc sgx, Acc* c1, Acc* c2, bool write) const {
     if (!training) {
       if (write) {
         dmean_out[g] = -r * sg;
@@ -247,8 +257,12 @@ struct GradCoef {
       *c1 = *c2 = 0;
       return;
     }
-    *c1 = (Acc(2) * dvar[g] - r * r * sgx) / n;
-    *c2 = centered ? (dmean[g] - r * sg) / n : Acc(0);
+    *c1 = (Acc(2) * ct.dvar - r * r * sgx) / n;
+    *c2 = centered ? (ct.dmean - r * sg) / n : Acc(0);
+  }
+  __device__ __forceinline__ void operator()(int64_t g, Acc n, Acc r, Acc sg, Acc sgx, Acc* c1,
+                                             Acc* c2, bool write) const {
+    (*this)(g, cotangents(g), n, r, sg, sgx, c1, c2, write);
   }
 };
 

@@ -105,15 +105,16 @@ struct BwdBlock {
   }
 };
 
-// Row sums of two values at once: over a warp (RT == 32), else over the block with one pair of
-// barriers. `scratch` holds 2 x 32 values.
+// Row sums of two values at once: over a warp (RT == 32), else over the block with one barrier.
+// `scratch` holds 2 x 32 values; callers alternate between two of them from row to row, so that
+// the barrier of one row's sums also orders the previous row's reads of the other before its
+// next writes.
 template <typename Acc>
 __device__ __forceinline__ void row_sum2(Acc& a, Acc& b, Acc (*scratch)[32]) {
   a = cuda::warp_reduce(a, cuda::SumOp{});
   b = cuda::warp_reduce(b, cuda::SumOp{});
   if (blockDim.x == 32) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  __syncthreads();  // scratch may still be read after the previous row's sums
   if (lane == 0) {
     scratch[0][warp] = a;
     scratch[1][warp] = b;
@@ -147,7 +148,7 @@ __global__ void __launch_bounds__(512, 2) row_bwd_kernel(Bwd<D> b, int64_t slice
   using Acc = A<D>;
   constexpr int E = NV * VEC;
   extern __shared__ uint4 ring_words[];  // (stage, x|dy, pack, thread) slots of VEC values
-  __shared__ Acc scratch[2][32];
+  __shared__ Acc scratch[2][2][32];  // (row parity, sum, warp)
   cuda::await_prior_grids();
   const int tid = threadIdx.x, RT = blockDim.x, RPB = blockDim.y;
   const int threads = RT * RPB, lin = threadIdx.y * RT + tid;
@@ -180,15 +181,23 @@ __global__ void __launch_bounds__(512, 2) row_bwd_kernel(Bwd<D> b, int64_t slice
   int fs = 0;  // the stage of the next row to fetch
   for (int j = 0; j < stages - 1; ++j, fs = next(fs)) fetch(j, fs);
   Acc dg[NV][VEC] = {}, db[NV][VEC] = {};
-  Acc m_next = rows > 0 ? b.mean[row_of(0)] : Acc(0), v_next = rows > 0 ? b.var[row_of(0)] : Acc(0);
+  // Row j's statistics and their cotangents, loaded a row ahead (in flight with its copies).
+  struct RowStats {
+    Acc mean, var;
+    typename GradCoef<Acc>::Cotangents ct;
+  };
+  const auto stats_of = [&](int j) {
+    if (j >= rows) return RowStats{};
+    const int64_t r = row_of(j);
+    return RowStats{b.mean[r], b.var[r], b.coef_fn.cotangents(r)};
+  };
+  RowStats st_next = stats_of(0);
   for (int j = 0, cs = 0; j < rows; ++j, cs = next(cs), fs = next(fs)) {
     fetch(j + stages - 1, fs);  // into the stage row j - 1 left
     const int64_t r = row_of(j);
-    const Acc m = m_next, rs = rstd_of<D>(v_next, b.eps);
-    if (j + 1 < rows) {  // the next row's statistics, in flight with its copies
-      m_next = b.mean[row_of(j + 1)];
-      v_next = b.var[row_of(j + 1)];
-    }
+    const RowStats st = st_next;
+    st_next = stats_of(j + 1);
+    const Acc m = st.mean, rs = rstd_of<D>(st.var, b.eps);
     ring_wait(stages);
     Acc sg = 0, sgxc = 0;  // sum(g*dy), sum(g*dy*(x - mean))
 #pragma unroll
@@ -206,9 +215,9 @@ __global__ void __launch_bounds__(512, 2) row_bwd_kernel(Bwd<D> b, int64_t slice
         sgxc += gd * (x[e] - m);
       }
     }
-    row_sum2(sg, sgxc, scratch);
+    row_sum2(sg, sgxc, scratch[j & 1]);
     Acc c1, c2;
-    b.coef_fn(r, Acc(K), rs, sg, sgxc * rs, &c1, &c2, tid == 0);
+    b.coef_fn(r, st.ct, Acc(K), rs, sg, sgxc * rs, &c1, &c2, tid == 0);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {  // x and dy again from the ring: fewer registers than keeping them
       const int64_t k = col(i);
