@@ -13,10 +13,13 @@
 //             Traffic per row: read x, write y (K values each).
 //   backward  block (RT, RPB): RT threads per row (a warp when RT == 32, with RPB = 4 rows per
 //             block; otherwise the whole block, RPB = 1); each thread holds NV vectors of VEC
-//             values, vector i at (i*RT + thread)*VEC. Block (slice sb, c, q) walks the rows
-//             of its slice: two row sums, dx, and per-thread d(scale), d(bias) accumulators for
-//             its columns, combined across row groups and written once per block to the
-//             (Q, S_b, C, K) partial planes.
+//             values, vector i at (i*RT + thread)*VEC. One wave of blocks; block (slice sb, c,
+//             q) walks the rows of its slice, each thread copying its packs of the next rows'
+//             x and dy into its own slots of a 2-4 stage ring in shared memory (cp.async:
+//             bytes in flight without registers), then per row: the two row sums (one
+//             reduction), dx, and per-thread d(scale), d(bias) accumulators for its columns,
+//             combined across row groups and written once per block to the (Q, S_b, C, K)
+//             partial planes.
 //             Traffic per row: read x, dy, write dx; per block: write 2K partials.
 // Rows too long for registers take streaming kernels (one block per row, values re-read from
 // L2): forward Welford per thread + block merge, then y; backward sums, then dx with the
@@ -32,13 +35,6 @@ namespace jaxdnn::norm::cuda_impl {
 namespace {
 
 constexpr int kStreamThreads = 256;
-
-// Sum over the RT threads of a row group (a warp, or the whole block when RT > 32).
-template <typename Acc>
-__device__ __forceinline__ Acc row_sum(Acc v, Acc* scratch) {
-  if (blockDim.x == 32) return cuda::warp_reduce(v, cuda::SumOp{});
-  return cuda::block_reduce(v, cuda::SumOp{}, Acc(0), scratch);
-}
 
 template <typename D, int G, int NP, bool kVector>
 __global__ void __launch_bounds__(cuda::row_block_threads<G>()) row_fwd_kernel(Fwd<D> f) {
