@@ -11,9 +11,10 @@
 // aligned run the same kernel with single-element packs.
 //
 // Traffic: forward reads n and writes n elements, backward reads 2n and writes n. Math in float
-// (double for float64) with the CUDA math library: at 3.6 TB/s a bfloat16 element has about
-// 37 instruction slots (4 warp instructions per clock and SM at 1.98 GHz), enough for every
-// op's formula (activation_math.h); silu and tanh-gelu come closest, ~22 and ~24.
+// (double for float64): at 3.6 TB/s a bfloat16 element has about 37 instruction slots (4 warp
+// instructions per clock and SM at 1.98 GHz). The CUDA library's expm1f, log1pf and erfcf
+// took 58-82 (PTX), so 16-bit storage takes MUFU forms of them (CudaMath<true>); gelu_exact's
+// ~31 still leave its 16-bit forward at 3.1 TB/s, compute-bound (benchmarks/NOTES.md, session 25).
 
 #include "cc/activation/activation_math.h"
 #include "cc/activation/cuda_activation.h"

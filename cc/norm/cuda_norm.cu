@@ -61,10 +61,9 @@ __global__ void __launch_bounds__(kMergeThreads) grad_merge_kernel(Bwd<D> b, int
   }
 }
 
-// 32 columns x 32 splits of the partial rows per block, each thread's loop unrolled by 8: the
-// row path's 512 partial rows of a 4096-wide layer norm are 16.8 MB, and a thread with one
-// pair of loads in flight per iteration (8 splits, no unrolling) took the pass at the
-// memory's latency, not its bandwidth.
+// 32 columns x 32 splits of the partial rows per block, each thread's loop unrolled by 8, so that
+// many loads are in flight: a 4096-wide layer norm's 264-512 partial rows (8.7-16.8 MB) reduce in
+// 4.5-6.7 us on the H200 (benchmarks/NOTES.md, session 25).
 constexpr int kParamCols = 32, kParamSplits = 32;
 
 // dscale[q, j] = sum_r ws0[(q*R + r)*CK + j], dbias likewise from ws1.
