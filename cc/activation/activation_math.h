@@ -1,10 +1,11 @@
 // The activation formulas, shared by the CPU and CUDA kernels. `M` supplies exp, expm1, log1p,
-// tanh, erfc, inv_one_plus(e) (= 1 / (1 + e) for e in [0, 5.05] or NaN, correctly rounded),
-// abs, fma, select(c, a, b) (= c ? a : b) and kFast (true: results are rounded to a 16-bit
-// type, so float-level accuracy is not needed) for the compute type A (float, or double for
+// tanh, erfc (double only), inv_one_plus(e) (= 1 / (1 + e) for e in [0, 5.05] or NaN, correctly
+// rounded; with kFast, any e >= 0, +inf giving 0), abs, fma, select(c, a, b) (= c ? a : b),
+// kFast (true: results are rounded to a 16-bit type, so float-level accuracy is not needed) and,
+// with kFast, exp2_ftz(x) (2^x, 0 below 2^-126) for the compute type A (float, or double for
 // float64): cpu_math on the CPU (whose select is a bitwise blend, so the loops vectorise), the
-// CUDA math library and `?:` on the GPU. For float, both platforms' erfc is erfc_fitted below
-// on their own exp and reciprocal.
+// CUDA math library and `?:` on the GPU. For float, both platforms' normal CDF (gelu_exact) is
+// normal_fitted below on their own exp and reciprocal.
 //
 // They follow jax.nn exactly, special values included: relu/relu6 propagate NaN; relu'(0) = 0
 // and relu6' is 0 at 0 and 6 (jax's choice); leaky_relu' is the negative slope at NaN;
@@ -27,54 +28,76 @@ constexpr double kGeluCubic = 0.044715;                 // tanh-gelu's cubic coe
 constexpr double kSqrtHalf = 0.70710678118654752440;     // sqrt(1/2)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2 pi)
 
-// exp(-a*a), with the rounding error of a*a (up to ulp(a*a)/2 in the exponent) compensated to
-// first order; M::kFast (16-bit results) leaves that error (6e-6 at most, for a <= 10.1) in.
+// Phi(x), the normal CDF (= erfc(-x/sqrt(2))/2), and e = exp(-x^2/2), which gelu_exact's
+// derivative takes too (phi(x) = e/sqrt(2 pi)).
+template <typename A>
+struct Normal {
+  A cdf, e;
+};
+
+// exp(-a*b), with the rounding error of a*b compensated to first order.
 template <typename M>
-JAXDNN_ACT_FN float exp_neg_square(float a) {
-  if constexpr (M::kFast) return M::exp(-a * a);
-  const float hi = a * a, lo = M::fma(a, a, -hi);
+JAXDNN_ACT_FN float exp_neg_product(float a, float b) {
+  const float hi = a * b, lo = M::fma(a, b, -hi);
   const float e = M::exp(-hi);
   return e - e * lo;
 }
 
-// erfc(x) = exp(-a^2) g(t) for a = |x|, t = 1/(1 + a/2), where g(t) = erfcx(2/t - 2) is a
-// degree-9 polynomial fitted (relative least squares, reweighted towards minimax) on a in
-// [0, 10.06]: max fit error 0.6 ulp, 6.1 ulp after float rounding and evaluation with an exact
-// exp and division. erfc(-a) = 2 - erfc(a). No separate erf branch: the one polynomial covers
-// a = 0 (g = 1) to the float underflow of erfc near a = 10. M::kFast (16-bit results) takes a
-// degree-7 fit of the same kind (max fit error 4.2e-7; 6.8e-7 evaluated in float).
-// Straight-line code: it vectorises on the CPU, and on the GPU it took gelu_exact off the CUDA
-// library's erfcf (benchmarks/NOTES.md, session 25).
+// Phi(x) for float: with a = |x|/sqrt(2), erfc(a) = exp(-a^2) g(t) for t = 1/(1 + a/2), where
+// g(t) = erfcx(2/t - 2) is a polynomial fitted (relative least squares, reweighted towards
+// minimax) on a in [0, 10.06]; Phi(-|x|) = e g(t)/2 and Phi(|x|) = 1 - Phi(-|x|). The
+// coefficients below are g's halved. No separate erf branch: the one polynomial covers a = 0
+// (g = 1) to the float underflow of erfc near a = 10. Straight-line code: it vectorises on the
+// CPU, and on the GPU it took gelu_exact off the CUDA library's erfcf (benchmarks/NOTES.md,
+// session 25).
+//   float results: degree 9 (max fit error 0.6 ulp; erfc 6.1 ulp after float rounding and
+//     evaluation with an exact exp and division), e from x with the rounding of x^2/2
+//     compensated, and e = 0 where a > 10.1 (erfc(10.1) < 2^-149), so that gelu(-inf) and its
+//     derivative at +-inf are NaN (inf * 0), as in jax.
+//   M::kFast (16-bit results): degree 7 (max fit error 4.2e-7; 6.8e-7 evaluated in float), on
+//     s = |x| sqrt(log2(e)/2): e = 2^-(s^2) is one MUFU.EX2 (M::exp2_ftz; below 2^-126 it is 0,
+//     which leaves the results that are 16-bit subnormals, under 2^-126, at 0), and t =
+//     1/(1 + 0.41627731 s). At +-inf e = 0 and t = 0 without the clamp: ~17 instructions an
+//     element (session 26).
 template <typename M>
-JAXDNN_ACT_FN float erfc_fitted(float x) {
-  const float a = M::abs(x);
-  const float ac = M::select(a > 10.1f, 10.1f, a);  // NaN stays NaN
-  const float t = M::inv_one_plus(0.5f * ac);
-  float g;
+JAXDNN_ACT_FN Normal<float> normal_fitted(float x) {
+  float t, e, g;
   if constexpr (M::kFast) {
-    g = 9.77218598e-02f;
-    g = g * t - 3.92431766e-01f;
-    g = g * t + 4.43781137e-01f;
-    g = g * t - 5.92604559e-03f;
-    g = g * t + 3.01371068e-01f;
-    g = g * t + 2.72517920e-01f;
-    g = g * t + 2.83001781e-01f;
-    g = g * t - 3.55658085e-05f;
+    const float s = M::abs(x) * 0.849321800f;  // sqrt(log2(e) / 2)
+    t = M::inv_one_plus(s * 0.416277306f);      // a/2 = s / (2 sqrt(log2(e)))
+    e = M::exp2_ftz(-s * s);
+    g = 4.88609299e-02f;
+    g = g * t - 1.96215883e-01f;
+    g = g * t + 2.21890569e-01f;
+    g = g * t - 2.96302279e-03f;
+    g = g * t + 1.50685534e-01f;
+    g = g * t + 1.36258960e-01f;
+    g = g * t + 1.41500890e-01f;
+    g = g * t - 1.77829043e-05f;
   } else {
-    g = -5.5153266e-02f;
-    g = g * t + 2.6443475e-01f;
-    g = g * t - 4.4267151e-01f;
-    g = g * t + 2.2270219e-01f;
-    g = g * t + 1.5892832e-02f;
-    g = g * t + 1.8184473e-01f;
-    g = g * t + 2.4960282e-01f;
-    g = g * t + 2.8113595e-01f;
-    g = g * t + 2.8221726e-01f;
-    g = g * t - 5.8211240e-06f;
+    const float a = M::abs(x) * float(kSqrtHalf);
+    t = M::inv_one_plus(0.5f * M::select(a > 10.1f, 10.1f, a));  // NaN stays NaN
+    e = M::select(a > 10.1f, 0.0f, exp_neg_product<M>(0.5f * x, x));
+    g = -2.75766328e-02f;
+    g = g * t + 1.32217377e-01f;
+    g = g * t - 2.21335754e-01f;
+    g = g * t + 1.11351095e-01f;
+    g = g * t + 7.94641580e-03f;
+    g = g * t + 9.09223631e-02f;
+    g = g * t + 1.24801412e-01f;
+    g = g * t + 1.40567973e-01f;
+    g = g * t + 1.41108632e-01f;
+    g = g * t - 2.91056199e-06f;
   }
-  float r = exp_neg_square<M>(ac) * g;
-  r = M::select(a > 10.1f, 0.0f, r);  // erfc(10.1) < 2^-149; and gelu(-inf) = -inf * 0 = NaN
-  return M::select(x < 0.0f, 2.0f - r, r);
+  const float r = e * g;  // Phi(-|x|)
+  return {M::select(x < 0.0f, r, 1.0f - r), e};
+}
+
+template <typename M, typename A>
+JAXDNN_ACT_FN Normal<A> normal(A x) {
+  if constexpr (sizeof(A) == 8)
+    return {A(0.5) * M::erfc(-x * A(kSqrtHalf)), M::exp(A(-0.5) * x * x)};
+  else return normal_fitted<M>(x);
 }
 
 // sigmoid(x) and sigmoid(-x) = 1 - sigmoid(x) from one exp(-|x|), which never overflows; both
@@ -117,7 +140,7 @@ JAXDNN_ACT_FN A forward(A x, A alpha) {
   } else if constexpr (kOp == Op::kGeluTanh) {
     return x * sigmoid_pair<M>(gelu_two_u(x)).s;
   } else if constexpr (kOp == Op::kGeluErf) {
-    return A(0.5) * x * M::erfc(-x * A(kSqrtHalf));
+    return x * normal<M>(x).cdf;
   } else if constexpr (kOp == Op::kSilu) {
     return x * sigmoid_pair<M>(x).s;
   } else {
@@ -154,9 +177,8 @@ JAXDNN_ACT_FN A backward(A x, A dy, A alpha) {
     return dy * (p.s + x * du * (p.s * p.sm));
   } else if constexpr (kOp == Op::kGeluErf) {
     // d/dx x Phi(x) = Phi(x) + x phi(x)
-    const A cdf = A(0.5) * M::erfc(-x * A(kSqrtHalf));
-    const A pdf = A(kInvSqrt2Pi) * M::exp(A(-0.5) * x * x);
-    return dy * (cdf + x * pdf);
+    const Normal<A> n = normal<M>(x);
+    return dy * (n.cdf + x * (A(kInvSqrt2Pi) * n.e));
   } else if constexpr (kOp == Op::kSilu) {
     // d/dx x sigmoid(x) = sigmoid(x) (1 + x sigmoid(-x))
     const SigmoidPair<A> p = sigmoid_pair<M>(x);

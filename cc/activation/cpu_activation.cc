@@ -2,7 +2,7 @@
 //
 // The array is cut into chunks of kChunk elements, one parallel task each; a task runs its
 // loop compiled for the CPU's widest vector ISA (cpu_math::with_best_isa). The formulas use
-// cpu_math's branch-free exp/expm1/log1p/tanh/erfc, so the loops vectorise; bfloat16 loads and
+// cpu_math's branch-free exp/expm1/log1p/tanh (and activation_math.h's normal CDF), so the loops vectorise; bfloat16 loads and
 // stores convert in-register. Traffic: forward reads n + writes n elements, backward reads 2n
 // + writes n, each once.
 
@@ -25,7 +25,6 @@ struct CpuMath {
   template <typename A> static JAXDNN_INLINE A expm1(A x) { return cm::expm1(x); }
   template <typename A> static JAXDNN_INLINE A log1p(A x) { return cm::log1p(x); }
   template <typename A> static JAXDNN_INLINE A tanh(A x) { return cm::tanh(x); }
-  static JAXDNN_INLINE float erfc(float x) { return erfc_fitted<CpuMath>(x); }
   static JAXDNN_INLINE double erfc(double x) { return std::erfc(x); }
   template <typename A> static JAXDNN_INLINE A inv_one_plus(A e) { return A(1) / (A(1) + e); }
   static JAXDNN_INLINE float abs(float x) { return std::fabs(x); }

@@ -74,14 +74,21 @@ struct CudaMath {
   static __device__ __forceinline__ double log1p(double x) { return ::log1p(x); }
   static __device__ __forceinline__ float tanh(float x) { return tanhf(x); }
   static __device__ __forceinline__ double tanh(double x) { return ::tanh(x); }
-  static __device__ __forceinline__ float erfc(float x) { return erfc_fitted<CudaMath>(x); }
   static __device__ __forceinline__ double erfc(double x) { return ::erfc(x); }
+  // 2^x on MUFU.EX2 alone (.ftz: results below 2^-126 are 0; the form without it costs three
+  // more instructions for the subnormal range).
+  static __device__ __forceinline__ float exp2_ftz(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+  }
   static __device__ __forceinline__ float abs(float x) { return fabsf(x); }
   static __device__ __forceinline__ float fma(float a, float b, float c) { return fmaf(a, b, c); }
   // 1 / (1 + e) for e in [0, 5.05]: the fast path of the IEEE reciprocal (MUFU.RCP and one
   // Newton step, the same bits for a normal divisor or NaN) without its range check and
   // slow-path branch, 6 of silu's ~28 instructions per element. kFast: MUFU.RCP alone (about an
-  // ulp of float off; the Newton step only makes it correctly rounded).
+  // ulp of float off; the Newton step only makes it correctly rounded), for any e >= 0 (+inf
+  // gives 0).
   static __device__ __forceinline__ float inv_one_plus(float e) {
     const float d = 1.0f + e;
     float r;

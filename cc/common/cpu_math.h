@@ -6,7 +6,7 @@
 // loop over them vectorises to AVX-512/AVX2 once it is compiled for that ISA (with_best_isa).
 // Accuracy, measured on every 97th float32 bit pattern against double libm (subnormal results
 // in units of the smallest normal's ulp): exp 1.0 ulp, expm1 1.5, log1p 1.5, tanh 5.1 (and
-// activation_math.h's erfc on this exp: 6.1). Special values follow C: exp(-inf) = 0,
+// activation_math.h's fitted erfc on this exp: 6.1). Special values follow C: exp(-inf) = 0,
 // exp(inf) = inf, tanh(+-inf) = +-1, log1p(-1) = -inf, and NaN in gives NaN out. Results may be
 // float32 subnormals.
 //

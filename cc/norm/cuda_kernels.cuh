@@ -226,7 +226,7 @@ __device__ __forceinline__ void sum_deviations(const PackOf<D, VEC> (&v)[U], int
 }
 
 // Backward per-group coefficients from sg = sum(scale*dy), sgx = sum(scale*dy*xhat) over n
-// values: dx = scale*rstd*dy + (x - mean)*c1 + c2 (training), or the inference statistics'
+// values (inv_n = 1/n): dx = scale*rstd*dy + (x - mean)*c1 + c2 (training), or the inference statistics'
 // gradients with c1 = c2 = 0 (see BwdBuffers in norm.h).
 template <typename Acc>
 struct GradCoef {
@@ -247,7 +247,7 @@ struct GradCoef {
   }
 
   // Coefficients of group g; `write` (one thread per group) stores the inference outputs.
-  __device__ __forceinline__ void operator()(int64_t g, Cotangents ct, Acc n, Acc r, Acc sg,
+  __device__ __forceinline__ void operator()(int64_t g, Cotangents ct, Acc inv_n, Acc r, Acc sg,
                                              Acc sgx, Acc* c1, Acc* c2, bool write) const {
     if (!training) {
       if (write) {
@@ -257,12 +257,12 @@ struct GradCoef {
       *c1 = *c2 = 0;
       return;
     }
-    *c1 = (Acc(2) * ct.dvar - r * r * sgx) / n;
-    *c2 = centered ? (ct.dmean - r * sg) / n : Acc(0);
+    *c1 = (Acc(2) * ct.dvar - r * r * sgx) * inv_n;
+    *c2 = centered ? (ct.dmean - r * sg) * inv_n : Acc(0);
   }
-  __device__ __forceinline__ void operator()(int64_t g, Acc n, Acc r, Acc sg, Acc sgx, Acc* c1,
-                                             Acc* c2, bool write) const {
-    (*this)(g, cotangents(g), n, r, sg, sgx, c1, c2, write);
+  __device__ __forceinline__ void operator()(int64_t g, Acc inv_n, Acc r, Acc sg, Acc sgx,
+                                             Acc* c1, Acc* c2, bool write) const {
+    (*this)(g, cotangents(g), inv_n, r, sg, sgx, c1, c2, write);
   }
 };
 

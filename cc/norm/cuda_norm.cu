@@ -52,8 +52,8 @@ __global__ void __launch_bounds__(kMergeThreads) grad_merge_kernel(Bwd<D> b, int
     sg = cuda::block_reduce(sg, cuda::SumOp{}, 0.0, scratch);
     sgx = cuda::block_reduce(sgx, cuda::SumOp{}, 0.0, scratch);
     Acc c1, c2;
-    b.coef_fn(grp, Acc(s.group_size()), rstd_of<D>(b.var[grp], b.eps), Acc(sg), Acc(sgx), &c1,
-              &c2, tid == 0);
+    b.coef_fn(grp, Acc(1) / Acc(s.group_size()), rstd_of<D>(b.var[grp], b.eps), Acc(sg),
+              Acc(sgx), &c1, &c2, tid == 0);
     if (tid == 0) {
       b.coef[2 * grp] = c1;
       b.coef[2 * grp + 1] = c2;

@@ -139,8 +139,11 @@ __device__ __forceinline__ void ring_wait(int stages) {
   else cuda::cp_async_wait<3>();
 }
 
-template <typename D, int VEC, int NV>
-__global__ void __launch_bounds__(512, 2) row_bwd_kernel(Bwd<D> b, int64_t slices, int stages) {
+// kMaxThreads: the block-size bound, 256 (up to 128 registers: a 16-value thread keeps 32
+// accumulators) or 512 for the rows that need more threads (64 registers).
+template <typename D, int VEC, int NV, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads, 2)
+    row_bwd_kernel(Bwd<D> b, int64_t slices, int stages) {
   using Acc = A<D>;
   constexpr int E = NV * VEC;
   extern __shared__ uint4 ring_words[];  // (stage, x|dy, pack, thread) slots of VEC values
@@ -149,28 +152,35 @@ __global__ void __launch_bounds__(512, 2) row_bwd_kernel(Bwd<D> b, int64_t slice
   const int tid = threadIdx.x, RT = blockDim.x, RPB = blockDim.y;
   const int threads = RT * RPB, lin = threadIdx.y * RT + tid;
   const Shape& s = b.s;
-  const int64_t K = s.K;
+  const int K = int(s.K);  // a cached row is at most 512 x 16 values
+  const Acc inv_k = Acc(1) / Acc(K);
   const BwdBlock blk(s, slices);
-  const Acc* scale = b.scale + (blk.q * s.C + blk.c) * K;  // one affine row: L1-resident
-  D* const ring = reinterpret_cast<D*>(ring_words);
-  const auto slot = [&](int stage, int t, int i) {  // pack i of x (t = 0) or dy (1)
-    return ring + (((stage * 2 + t) * NV + i) * threads + lin) * VEC;
-  };
-  const auto next = [&](int stage) { return stage + 1 == stages ? 0 : stage + 1; };
-  const auto col = [&](int i) { return int64_t(i * RT + tid) * VEC; };
-  // This row group's rows: first, first + RPB, ... < p1; j counts them.
+  // This thread's packs: pack i at column k0 + i * pitch of every row.
+  const int k0 = tid * VEC, pitch = RT * VEC;
+  const Acc* scale = b.scale + (blk.q * s.C + blk.c) * s.K + k0;  // one affine row: in L1
+  // The ring: `stages` slots of 2 * NV packs per thread, a stage after another; pack i of x of a
+  // stage at i * threads * VEC from this thread's base, of dy at (NV + i) * threads * VEC.
+  const int stage_len = 2 * NV * threads * VEC, ring_len = stages * stage_len;
+  D* const ring = reinterpret_cast<D*>(ring_words) + lin * VEC;
+  const auto next = [&](int at) { return at + stage_len == ring_len ? 0 : at + stage_len; };
+  // This row group's rows: first, first + RPB, ... < p1 (p-indices); j counts them. Row j's
+  // values start at element (r0 + j * row_step) * K.
   const int64_t first = blk.p0 + threadIdx.y;
   const int rows = first < blk.p1 ? int((blk.p1 - first + RPB - 1) / RPB) : 0;
-  const auto row_of = [&](int j) { return (first + int64_t(j) * RPB) * s.C + blk.c; };
-  const auto fetch = [&](int j, int stage) {  // row j (nothing past the last row)
+  const int64_t r0 = first * s.C + blk.c, row_step = int64_t(RPB) * s.C;
+  const int64_t elem_step = row_step * s.K;
+  const D* fx = b.x + r0 * s.K + k0;  // the next row to fetch
+  const D* fdy = b.dy + r0 * s.K + k0;
+  const auto fetch = [&](int j, int at) {  // row j into the stage at `at` (none past the last)
     if (j < rows) {
-      const int64_t r = row_of(j);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        const int64_t k = col(i);
-        ring_copy<D, VEC>(slot(stage, 0, i), b.x + r * K + k, k < K);
-        ring_copy<D, VEC>(slot(stage, 1, i), b.dy + r * K + k, k < K);
+        const bool in = k0 + i * pitch < K;
+        ring_copy<D, VEC>(ring + at + i * threads * VEC, fx + i * pitch, in);
+        ring_copy<D, VEC>(ring + at + (NV + i) * threads * VEC, fdy + i * pitch, in);
       }
+      fx += elem_step;
+      fdy += elem_step;
     }
     cuda::cp_async_commit();  // one group per row, empty or not: ring_wait counts them
   };
@@ -184,52 +194,52 @@ __global__ void __launch_bounds__(512, 2) row_bwd_kernel(Bwd<D> b, int64_t slice
   };
   const auto stats_of = [&](int j) {
     if (j >= rows) return RowStats{};
-    const int64_t r = row_of(j);
+    const int64_t r = r0 + j * row_step;
     return RowStats{b.mean[r], b.var[r], b.coef_fn.cotangents(r)};
   };
   RowStats st_next = stats_of(0);
-  for (int j = 0, cs = 0; j < rows; ++j, cs = next(cs), fs = next(fs)) {
+  D* dx = b.dx + r0 * s.K + k0;
+  for (int j = 0, cs = 0; j < rows; ++j, cs = next(cs), fs = next(fs), dx += elem_step) {
     fetch(j + stages - 1, fs);  // into the stage row j - 1 left
-    const int64_t r = row_of(j);
     const RowStats st = st_next;
     st_next = stats_of(j + 1);
     const Acc m = st.mean, rs = rstd_of<D>(st.var, b.eps);
+    const D* cx = ring + cs;  // row j's x and dy
+    const D* cdy = cx + NV * threads * VEC;
     ring_wait(stages);
     Acc sg = 0, sgxc = 0;  // sum(g*dy), sum(g*dy*(x - mean))
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t k = col(i);
-      if (k >= K) continue;
-      Acc x[VEC], dy[VEC], g[VEC];
-      load_vals<D, VEC>(slot(cs, 0, i), x);
-      load_vals<D, VEC>(slot(cs, 1, i), dy);
-      load_params(scale + k, g);
+      if (k0 + i * pitch >= K) continue;
+      Acc x[VEC], d[VEC], g[VEC];
+      load_vals<D, VEC>(cx + i * threads * VEC, x);
+      load_vals<D, VEC>(cdy + i * threads * VEC, d);
+      load_params(scale + i * pitch, g);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const Acc gd = g[e] * dy[e];
+        const Acc gd = g[e] * d[e];
         sg += gd;
         sgxc += gd * (x[e] - m);
       }
     }
     row_sum2(sg, sgxc, scratch[j & 1]);
     Acc c1, c2;
-    b.coef_fn(r, st.ct, Acc(K), rs, sg, sgxc * rs, &c1, &c2, tid == 0);
+    b.coef_fn(r0 + j * row_step, st.ct, inv_k, rs, sg, sgxc * rs, &c1, &c2, tid == 0);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {  // x and dy again from the ring: fewer registers than keeping them
-      const int64_t k = col(i);
-      if (k >= K) continue;
-      Acc x[VEC], dy[VEC], g[VEC], out[VEC];
-      load_vals<D, VEC>(slot(cs, 0, i), x);
-      load_vals<D, VEC>(slot(cs, 1, i), dy);
-      load_params(scale + k, g);
+      if (k0 + i * pitch >= K) continue;
+      Acc x[VEC], d[VEC], g[VEC], out[VEC];
+      load_vals<D, VEC>(cx + i * threads * VEC, x);
+      load_vals<D, VEC>(cdy + i * threads * VEC, d);
+      load_params(scale + i * pitch, g);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const Acc xc = x[e] - m;
-        out[e] = g[e] * rs * dy[e] + xc * c1 + c2;
-        dg[i][e] += dy[e] * xc * rs;
-        db[i][e] += dy[e];
+        out[e] = fma(g[e] * d[e], rs, fma(xc, c1, c2));
+        dg[i][e] = fma(d[e], xc * rs, dg[i][e]);
+        db[i][e] += d[e];
       }
-      store_vals<D, VEC>(b.dx + r * K + k, out);
+      store_vals<D, VEC>(dx + i * pitch, out);
     }
   }
   // Row groups of one block hold partials of the same columns: add them in row-group order,
@@ -256,15 +266,14 @@ __global__ void __launch_bounds__(512, 2) row_bwd_kernel(Bwd<D> b, int64_t slice
           db[i][e] += part[at(1, y, i * VEC + e)];
         }
   }
-  const int64_t out = ((blk.q * slices + blk.sb) * s.C + blk.c) * K;
+  const int64_t out = ((blk.q * slices + blk.sb) * s.C + blk.c) * s.K + k0;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
-    const int64_t k = col(i);
-    if (k >= K) continue;
+    if (k0 + i * pitch >= K) continue;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-      b.ws0[out + k + e] = dg[i][e];
-      b.ws1[out + k + e] = db[i][e];
+      b.ws0[out + i * pitch + e] = dg[i][e];
+      b.ws1[out + i * pitch + e] = db[i][e];
     }
   }
 }
@@ -318,6 +327,7 @@ __global__ void __launch_bounds__(kStreamThreads) row_bwd_stream_kernel(Bwd<D> b
   const Shape& s = b.s;
   const int64_t K = s.K;
   const BwdBlock blk(s, slices);
+  const Acc inv_k = Acc(1) / Acc(K);
   const Acc* scale = b.scale + (blk.q * s.C + blk.c) * K;
   const int64_t out = ((blk.q * slices + blk.sb) * s.C + blk.c) * K;
   for (int64_t k = tid; k < K; k += kStreamThreads) b.ws0[out + k] = b.ws1[out + k] = 0;
@@ -335,7 +345,7 @@ __global__ void __launch_bounds__(kStreamThreads) row_bwd_stream_kernel(Bwd<D> b
     sg = cuda::block_reduce(sg, cuda::SumOp{}, Acc(0), scratch);
     sgxc = cuda::block_reduce(sgxc, cuda::SumOp{}, Acc(0), scratch);
     Acc c1, c2;
-    b.coef_fn(r, Acc(K), rs, sg, sgxc * rs, &c1, &c2, tid == 0);
+    b.coef_fn(r, inv_k, rs, sg, sgxc * rs, &c1, &c2, tid == 0);
     for (int64_t k = tid; k < K; k += kStreamThreads) {  // each thread owns columns k
       const Acc xc = to_acc(x[k]) - m, d = to_acc(dy[k]);
       b.dx[r * K + k] = from_acc<D>(scale[k] * rs * d + xc * c1 + c2);
@@ -352,18 +362,18 @@ struct RowConfig {
   bool cached = false;
 };
 
-// Smallest NV (up to the register budget of `max_e` values per thread) that covers the row
-// with at most `target` threads, else as many threads as needed up to `max_rt`; beyond that
-// the row streams.
-inline RowConfig row_config(int64_t K, int kvec, bool aligned, int max_e, int target,
-                            int max_rt) {
+// The backward's thread shape: the most values per thread (NV packs of VEC, up to `max_e`, the
+// register budget) that still leave the row a warp of threads, since the per-row work (the row
+// sums, the coefficients, the copies' addresses) is the same for every thread whatever its
+// share: a 4096-wide row takes 256 threads x 16 values (at 8 values a thread, 512 threads, that
+// work was half of the instructions; benchmarks/NOTES.md, session 26). Up to `max_rt` threads
+// per row; beyond that the row streams.
+inline RowConfig row_config(int64_t K, int kvec, bool aligned, int max_e, int max_rt) {
   RowConfig c;
   c.vec = (aligned && K % kvec == 0) ? kvec : 1;
   const int64_t vecs = (K + c.vec - 1) / c.vec;
-  for (int nv = 1; nv <= 8 && nv * c.vec <= max_e; nv *= 2) {
-    c.nv = nv;
-    if ((vecs + nv - 1) / nv <= target) break;
-  }
+  while (c.nv < 8 && 2 * c.nv * c.vec <= max_e && (vecs + 2 * c.nv - 1) / (2 * c.nv) >= 32)
+    c.nv *= 2;
   const int64_t threads = (vecs + c.nv - 1) / c.nv;
   c.rt = int(std::max<int64_t>(32, (threads + 31) / 32 * 32));
   c.rpb = c.rt == 32 ? 4 : 1;
@@ -426,36 +436,40 @@ Status row_backward(const Bwd<D>& b, int64_t* slices, cudaStream_t st) {
   const Shape& s = b.s;
   const bool aligned = cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) &&
                        cuda::vec_aligned(b.dx) && cuda::vec_aligned(b.scale);
-  // Up to 512 threads before 16 values per thread: the dscale/dbias accumulators double the
-  // registers per value.
-  const RowConfig c = row_config(s.K, Vec<D>::kN, aligned, kMaxE, 512, 512);
+  const RowConfig c = row_config(s.K, Vec<D>::kN, aligned, kMaxE, 512);
   *slices = row_bwd_max_slices(s);
   if (s.Q * *slices * s.C == 0) return Status::Ok();
   if (!c.cached)
     return cuda::launch("norm row_bwd_stream_kernel", row_bwd_stream_kernel<D>,
                         unsigned(s.Q * *slices * s.C), kStreamThreads, 0, st, b, *slices);
+  const int threads = c.rt * c.rpb;
+  const auto run = [&](auto kernel, int nv, int vec) {
+    const int64_t stage = 2 * nv * threads * vec * int64_t(sizeof(D));
+    const int stages = int(std::clamp<int64_t>(kRingBytes / stage, 2, 4));
+    const size_t smem = size_t(stages * stage);
+    const char* what = "norm row_bwd_kernel";
+    int per_sm = 0;
+    Status status = cuda::check(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        what);
+    if (status.ok())
+      status = cuda::check(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), what);
+    if (!status.ok()) return status;
+    const int64_t wave = int64_t(std::max(per_sm, 1)) * std::max(cuda::sm_count(), 1);
+    *slices = std::clamp<int64_t>((wave + s.Q * s.C - 1) / (s.Q * s.C), 1, *slices);
+    return cuda::launch(what, kernel, unsigned(s.Q * *slices * s.C), dim3(c.rt, c.rpb), smem,
+                        st, b, *slices, stages);
+  };
   Status status = Status::Error("norm row_bwd_kernel: no configuration for the row");
   with_vec<D>(c.vec, [&](auto vec) {
     with_nv(c.nv, [&](auto nv) {
-      if constexpr (nv() * vec() <= kMaxE) {
-        constexpr auto kernel = row_bwd_kernel<D, vec(), nv()>;
-        const int threads = c.rt * c.rpb;
-        const int64_t stage = 2 * nv() * threads * vec() * int64_t(sizeof(D));
-        const int stages = int(std::clamp<int64_t>(kRingBytes / stage, 2, 4));
-        const size_t smem = size_t(stages * stage);
-        const char* what = "norm row_bwd_kernel";
-        int per_sm = 0;
-        status = cuda::check(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-            what);
-        if (status.ok())
-          status = cuda::check(
-              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), what);
-        if (!status.ok()) return;
-        const int64_t wave = int64_t(std::max(per_sm, 1)) * std::max(cuda::sm_count(), 1);
-        *slices = std::clamp<int64_t>((wave + s.Q * s.C - 1) / (s.Q * s.C), 1, *slices);
-        status = cuda::launch(what, kernel, unsigned(s.Q * *slices * s.C), dim3(c.rt, c.rpb), smem,
-                              st, b, *slices, stages);
+      constexpr int kNV = nv(), kVec = vec();
+      if constexpr (kNV * kVec <= kMaxE) {
+        // More than 256 threads only where row_config gave the most values per thread.
+        constexpr bool kWide = kNV == 8 || 2 * kNV * kVec > kMaxE;
+        if (threads <= 256) status = run(row_bwd_kernel<D, kVec, kNV, 256>, kNV, kVec);
+        else if constexpr (kWide) status = run(row_bwd_kernel<D, kVec, kNV, 512>, kNV, kVec);
       }
     });
   });

@@ -1,0 +1,2 @@
+k=$1; c=$2
+ncu --clock-control none --kernel-name "regex:$k" --launch-skip 2 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --metrics smsp__inst_executed.sum,dram__bytes.sum python3 dev/kernel_trace.py --run-only "$c" 2>&1 | grep -E "Duration|Throughput|Registers|inst_executed|dram__bytes|Warp Cycles|Issued Warp|Achieved Occupancy|Stall|Eligible" 
