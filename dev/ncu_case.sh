@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# ncu_case.sh KERNEL_REGEX CASE  -> details + sass source page
-k=$1; c=$2
-sec=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters --section Occupancy --section LaunchStats)
-ncu --clock-control none --kernel-name "regex:$k" --launch-skip 2 --launch-count 1 "${sec[@]}" --print-details all python3 dev/kernel_trace.py --run-only "$c"
+# Where a kernel's warps wait, per SASS instruction: ncu's sections with details (stall reasons,
+# memory tables, occupancy), then the source page (instructions executed and stall samples per
+# instruction), for one case of dev/kernel_trace.py (its third launch of the kernel).
+#   dev/ncu_case.sh KERNEL_REGEX CASE     e.g. dev/ncu_case.sh activation_kernel act_gelu_exact:bfloat16
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD
+run=(ncu --clock-control none --kernel-name "regex:$1" --launch-skip 2 --launch-count 1)
+app=(python3 dev/kernel_trace.py --run-only "$2")
+"${run[@]}" --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+  --section MemoryWorkloadAnalysis --section SourceCounters --section Occupancy \
+  --section LaunchStats --print-details all "${app[@]}"
 echo "=== SASS source page"
-ncu --clock-control none --kernel-name "regex:$k" --launch-skip 2 --launch-count 1 --section SourceCounters --page source --print-source sass python3 dev/kernel_trace.py --run-only "$c" | head -1500
+"${run[@]}" --section SourceCounters --page source --print-source sass "${app[@]}" | head -1500

@@ -13,7 +13,8 @@
 //             Traffic per row: read x, write y (K values each).
 //   backward  block (RT, RPB): RT threads per row (a warp when RT == 32, with RPB = 4 rows per
 //             block; otherwise the whole block, RPB = 1); each thread holds NV vectors of VEC
-//             values, vector i at (i*RT + thread)*VEC. One wave of blocks; block (slice sb, c,
+//             values, vector i at (i*RT + thread)*VEC, as many as 16 values (a 4096-wide row:
+//             256 threads x 2 bfloat16 or 4 float32 vectors; row_config). One wave of blocks; block (slice sb, c,
 //             q) walks the rows of its slice, each thread copying its packs of the next rows'
 //             x and dy into its own slots of a 2-4 stage ring in shared memory (cp.async:
 //             bytes in flight without registers), then per row: the two row sums (one
@@ -26,6 +27,7 @@
 // d(scale), d(bias) partials accumulated in the block's own workspace row.
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "cc/common/cuda_rows.h"
@@ -141,8 +143,8 @@ __device__ __forceinline__ void ring_wait(int stages) {
 
 // kMaxThreads: the block-size bound, 256 (up to 128 registers: a 16-value thread keeps 32
 // accumulators) or 512 for the rows that need more threads (64 registers).
-template <typename D, int VEC, int NV, int kMaxThreads>
-__global__ void __launch_bounds__(kMaxThreads, 2)
+template <typename D, int VEC, int NV, int kMaxThreads, int kMinBlocks = 2>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     row_bwd_kernel(Bwd<D> b, int64_t slices, int stages) {
   using Acc = A<D>;
   constexpr int E = NV * VEC;
@@ -468,7 +470,9 @@ Status row_backward(const Bwd<D>& b, int64_t* slices, cudaStream_t st) {
       if constexpr (kNV * kVec <= kMaxE) {
         // More than 256 threads only where row_config gave the most values per thread.
         constexpr bool kWide = kNV == 8 || 2 * kNV * kVec > kMaxE;
-        if (threads <= 256) status = run(row_bwd_kernel<D, kVec, kNV, 256>, kNV, kVec);
+        static const bool ab3 = getenv("JAXDNN_AB_ROW3") != nullptr;  // EXPERIMENT
+        if (threads <= 256 && ab3) status = run(row_bwd_kernel<D, kVec, kNV, 256, 3>, kNV, kVec);
+        else if (threads <= 256) status = run(row_bwd_kernel<D, kVec, kNV, 256>, kNV, kVec);
         else if constexpr (kWide) status = run(row_bwd_kernel<D, kVec, kNV, 512>, kNV, kVec);
       }
     });
