@@ -13,8 +13,8 @@
 // Traffic: forward reads n and writes n elements, backward reads 2n and writes n. Math in float
 // (double for float64): at 3.6 TB/s a bfloat16 element has about 37 instruction slots (4 warp
 // instructions per clock and SM at 1.98 GHz). The CUDA library's expm1f, log1pf and erfcf
-// took 58-82 (PTX), so 16-bit storage takes MUFU forms of them (CudaMath<true>); gelu_exact's
-// ~31 still leave its 16-bit forward at 3.1 TB/s, compute-bound (benchmarks/NOTES.md, session 25).
+// took 58-82 (PTX), so 16-bit storage takes MUFU forms of them (CudaMath<true>), and gelu_exact
+// a normal-CDF form of ~19 (activation_math.h; benchmarks/NOTES.md, sessions 25 and 26).
 
 #include "cc/activation/activation_math.h"
 #include "cc/activation/cuda_activation.h"
@@ -105,15 +105,12 @@ constexpr int kThreads = 256;
 // Minimum blocks per SM (launch bounds). Each thread holds its loads in flight, so resident
 // threads are the bytes in flight, and a full SM (8 blocks) needs at most 32 registers a thread:
 // silu's backward in bfloat16 took 34 registers, i.e. 6 blocks, and ran 8% slower than
-// sigmoid's (32 registers, 8 blocks); at 8 blocks it went from 211 to 194 us. The exception is
-// gelu_exact's 16-bit forward (6: it takes 39 registers, and spills 32 bytes at 32). Every
-// kernel states its bound: without a minimum nvcc gave most of them 32 registers, but with a
-// minimum of 1 it gave them 35-64 (gelu_exact float32 forward: 44 registers, 306 -> 358 us).
-// The float64 kernels of the longer formulas spill a few words at 8 (not benchmarked).
-template <typename T, Op kOp, bool kBackward>
-constexpr int blocks_per_sm() {
-  return sizeof(T) == 2 && kOp == Op::kGeluErf && !kBackward ? 6 : 8;
-}
+// sigmoid's (32 registers, 8 blocks); at 8 blocks it went from 211 to 194 us. Every kernel
+// states the bound: without a minimum nvcc gave most of them 32 registers, but with a minimum of
+// 1 it gave them 35-64 (gelu_exact float32 forward: 44 registers, 306 -> 358 us). gelu_exact's
+// 16-bit forward needed 6 blocks (39 registers) until its normal-CDF form (session 26). The
+// float64 kernels of the longer formulas spill a few words at 8 (not benchmarked).
+constexpr int kMinBlocks = 8;
 
 // f(a) (forward) or b * f'(a) (backward); kFast for 16-bit storage types.
 template <Op kOp, bool kBackward, bool kFast, typename A>
@@ -125,7 +122,7 @@ __device__ __forceinline__ A apply(A a, A b, A alpha) {
 
 // y = f(a) (forward, b unused) or dy * f'(a) with dy = b (backward), elementwise over n.
 template <Op kOp, bool kBackward, typename T, bool kVector>
-__global__ void __launch_bounds__(kThreads, blocks_per_sm<T, kOp, kBackward>())
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
 activation_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
                   int64_t n, dev_acc_t<T> alpha) {
   using A = dev_acc_t<T>;
