@@ -2,7 +2,8 @@
 # Where a kernel's warps wait, per SASS instruction: ncu's sections with details (stall reasons,
 # memory tables, occupancy), then the source page (instructions executed and stall samples per
 # instruction), for one case of dev/kernel_trace.py (its third launch of the kernel).
-#   dev/ncu_case.sh KERNEL_REGEX CASE     e.g. dev/ncu_case.sh activation_kernel act_gelu_exact:bfloat16
+#   dev/ncu_case.sh KERNEL_REGEX CASE
+#   dev/ncu_case.sh activation_kernel act_gelu_exact:bfloat16
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD

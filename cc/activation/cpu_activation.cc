@@ -2,9 +2,9 @@
 //
 // The array is cut into chunks of kChunk elements, one parallel task each; a task runs its
 // loop compiled for the CPU's widest vector ISA (cpu_math::with_best_isa). The formulas use
-// cpu_math's branch-free exp/expm1/log1p/tanh (and activation_math.h's normal CDF), so the loops vectorise; bfloat16 loads and
-// stores convert in-register. Traffic: forward reads n + writes n elements, backward reads 2n
-// + writes n, each once.
+// cpu_math's branch-free exp/expm1/log1p/tanh (and activation_math.h's normal CDF), so the
+// loops vectorise; bfloat16 loads and stores convert in-register. Traffic: forward reads n +
+// writes n elements, backward reads 2n + writes n, each once.
 
 #include <algorithm>
 #include <cmath>

@@ -226,8 +226,8 @@ __device__ __forceinline__ void sum_deviations(const PackOf<D, VEC> (&v)[U], int
 }
 
 // Backward per-group coefficients from sg = sum(scale*dy), sgx = sum(scale*dy*xhat) over n
-// values (inv_n = 1/n): dx = scale*rstd*dy + (x - mean)*c1 + c2 (training), or the inference statistics'
-// gradients with c1 = c2 = 0 (see BwdBuffers in norm.h).
+// values (inv_n = 1/n): dx = scale*rstd*dy + (x - mean)*c1 + c2 (training), or the inference
+// statistics' gradients with c1 = c2 = 0 (see BwdBuffers in norm.h).
 template <typename Acc>
 struct GradCoef {
   bool training, centered;

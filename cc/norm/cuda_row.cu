@@ -14,13 +14,13 @@
 //   backward  block (RT, RPB): RT threads per row (a warp when RT == 32, with RPB = 4 rows per
 //             block; otherwise the whole block, RPB = 1); each thread holds NV vectors of VEC
 //             values, vector i at (i*RT + thread)*VEC, as many as 16 values (a 4096-wide row:
-//             256 threads x 2 bfloat16 or 4 float32 vectors; row_config). One wave of blocks; block (slice sb, c,
-//             q) walks the rows of its slice, each thread copying its packs of the next rows'
-//             x and dy into its own slots of a 2-4 stage ring in shared memory (cp.async:
-//             bytes in flight without registers), then per row: the two row sums (one
-//             reduction), dx, and per-thread d(scale), d(bias) accumulators for its columns,
-//             combined across row groups and written once per block to the (Q, S_b, C, K)
-//             partial planes.
+//             256 threads x 2 bfloat16 or 4 float32 vectors; row_config). One wave of blocks;
+//             block (slice sb, c, q) walks the rows of its slice, each thread copying its packs
+//             of the next rows' x and dy into its own slots of a 2-4 stage ring in shared
+//             memory (cp.async: bytes in flight without registers), then per row: the two row
+//             sums (one reduction), dx, and per-thread d(scale), d(bias) accumulators for its
+//             columns, combined across row groups and written once per block to the
+//             (Q, S_b, C, K) partial planes.
 //             Traffic per row: read x, dy, write dx; per block: write 2K partials.
 // Rows too long for registers take streaming kernels (one block per row, values re-read from
 // L2): forward Welford per thread + block merge, then y; backward sums, then dx with the
