@@ -164,6 +164,25 @@ def test_16bit_results_round_correctly(platform, dtype, name):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+def test_gelu_exact_near_underflow(platform):
+    """float32 gelu_exact(x) for x in [-13.1, -12.8], where the result (~1e-36 to 1e-38) is a
+    normal float but Phi(x) alone is not: the form must keep an intermediate as large as jax's
+    erfc (x/2 * erfc(-x/sqrt(2))), or XLA:CPU's flush-to-zero turns the result into 0. Exact to
+    2e-6 wherever jax's erfc is a normal float; 0 or exact below."""
+    x = np.linspace(-13.1, -12.8, 3001).astype(np.float32)
+    x64 = x.astype(np.float64)
+    [(y, _)] = _value_and_vjp(OPS["gelu_exact"][0])([on(platform, x, np.ones_like(x))])
+    y = np.asarray(y, np.float64)
+    ref = STABLE["gelu_exact"][0](x64)
+    close = np.abs(y - ref) <= 2e-6 * np.abs(ref)
+    normal = _ERFC(-x64 / np.sqrt(2)) >= float(np.finfo(np.float32).tiny)
+    assert normal.sum() > 1000
+    bad = normal & ~close
+    assert not bad.any(), f"{bad.sum()} results off, e.g. x = {x[bad][:4]}"
+    assert (close | (y == 0))[~normal].all()
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("shape", [(0,), (3, 0, 2), ()])
 def test_empty_and_scalar(platform, shape):
     x = np.full(shape, 0.5, np.float32)

@@ -28,11 +28,14 @@ constexpr double kGeluCubic = 0.044715;                 // tanh-gelu's cubic coe
 constexpr double kSqrtHalf = 0.70710678118654752440;     // sqrt(1/2)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2 pi)
 
-// Phi(x), the normal CDF (= erfc(-x/sqrt(2))/2), and e = exp(-x^2/2), which gelu_exact's
-// derivative takes too (phi(x) = e/sqrt(2 pi)).
+// Phi(x), the normal CDF (= erfc(-x/sqrt(2))/2), as p / scale, and e = exp(-x^2/2), which
+// gelu_exact's derivative takes too (phi(x) = e/sqrt(2 pi)). scale is 1 or 2, a constant of each
+// form: with scale 2, p = erfc(-x/sqrt(2)), and gelu = (x/2) p as in jax, whose intermediate is
+// a normal float where Phi itself is subnormal (x near -13), which a CPU run with
+// flush-to-zero, as XLA's is, would lose.
 template <typename A>
 struct Normal {
-  A cdf, e;
+  A p, e, scale;
 };
 
 // exp(-a*b), with the rounding error of a*b compensated to first order.
@@ -45,20 +48,20 @@ JAXDNN_ACT_FN float exp_neg_product(float a, float b) {
 
 // Phi(x) for float: with a = |x|/sqrt(2), erfc(a) = exp(-a^2) g(t) for t = 1/(1 + a/2), where
 // g(t) = erfcx(2/t - 2) is a polynomial fitted (relative least squares, reweighted towards
-// minimax) on a in [0, 10.06]; Phi(-|x|) = e g(t)/2 and Phi(|x|) = 1 - Phi(-|x|). The
-// coefficients below are g's halved. No separate erf branch: the one polynomial covers a = 0
-// (g = 1) to the float underflow of erfc near a = 10. Straight-line code: it vectorises on the
-// CPU, and on the GPU it took gelu_exact off the CUDA library's erfcf (benchmarks/NOTES.md,
-// session 25).
-//   float results: degree 9 (max fit error 0.6 ulp; erfc 6.1 ulp after float rounding and
-//     evaluation with an exact exp and division), e from x with the rounding of x^2/2
+// minimax) on a in [0, 10.06]; erfc(-a) = 2 - erfc(a). No separate erf branch: the one
+// polynomial covers a = 0 (g = 1) to the float underflow of erfc near a = 10. Straight-line
+// code: it vectorises on the CPU, and on the GPU it took gelu_exact off the CUDA library's erfcf
+// (benchmarks/NOTES.md, session 25).
+//   float results (scale 2): degree 9 (max fit error 0.6 ulp; erfc 6.1 ulp after float rounding
+//     and evaluation with an exact exp and division), e from x with the rounding of x^2/2
 //     compensated, and e = 0 where a > 10.1 (erfc(10.1) < 2^-149), so that gelu(-inf) and its
 //     derivative at +-inf are NaN (inf * 0), as in jax.
-//   M::kFast (16-bit results): degree 7 (max fit error 4.2e-7; 6.8e-7 evaluated in float), on
-//     s = |x| sqrt(log2(e)/2): e = 2^-(s^2) is one MUFU.EX2 (M::exp2_ftz; below 2^-126 it is 0,
-//     which leaves the results that are 16-bit subnormals, under 2^-126, at 0), and t =
-//     1/(1 + 0.41627731 s). At +-inf e = 0 and t = 0 without the clamp: ~19 instructions an
-//     element (PTX; 31 before, session 26).
+//   M::kFast (16-bit results, scale 1): Phi directly, with g's coefficients halved: degree 7
+//     (max fit error 4.2e-7; 6.8e-7 evaluated in float), on s = |x| sqrt(log2(e)/2): e =
+//     2^-(s^2) is one MUFU.EX2 (M::exp2_ftz; below 2^-126 it is 0, which leaves the results
+//     that are 16-bit subnormals, under 2^-126, at 0), and t = 1/(1 + 0.41627731 s). At +-inf
+//     e = 0 and t = 0 without the clamp: ~19 instructions an element (PTX; 31 before, session
+//     26).
 template <typename M>
 JAXDNN_ACT_FN Normal<float> normal_fitted(float x) {
   float t, e, g;
@@ -78,25 +81,26 @@ JAXDNN_ACT_FN Normal<float> normal_fitted(float x) {
     const float a = M::abs(x) * float(kSqrtHalf);
     t = M::inv_one_plus(0.5f * M::select(a > 10.1f, 10.1f, a));  // NaN stays NaN
     e = M::select(a > 10.1f, 0.0f, exp_neg_product<M>(0.5f * x, x));
-    g = -2.75766328e-02f;
-    g = g * t + 1.32217377e-01f;
-    g = g * t - 2.21335754e-01f;
-    g = g * t + 1.11351095e-01f;
-    g = g * t + 7.94641580e-03f;
-    g = g * t + 9.09223631e-02f;
-    g = g * t + 1.24801412e-01f;
-    g = g * t + 1.40567973e-01f;
-    g = g * t + 1.41108632e-01f;
-    g = g * t - 2.91056199e-06f;
+    g = -5.5153266e-02f;
+    g = g * t + 2.6443475e-01f;
+    g = g * t - 4.4267151e-01f;
+    g = g * t + 2.2270219e-01f;
+    g = g * t + 1.5892832e-02f;
+    g = g * t + 1.8184473e-01f;
+    g = g * t + 2.4960282e-01f;
+    g = g * t + 2.8113595e-01f;
+    g = g * t + 2.8221726e-01f;
+    g = g * t - 5.8211240e-06f;
+    const float r = e * g;  // erfc(|x|/sqrt(2))
+    return {M::select(x < 0.0f, r, 2.0f - r), e, 2.0f};
   }
   const float r = e * g;  // Phi(-|x|)
-  return {M::select(x < 0.0f, r, 1.0f - r), e};
+  return {M::select(x < 0.0f, r, 1.0f - r), e, 1.0f};
 }
 
 template <typename M, typename A>
 JAXDNN_ACT_FN Normal<A> normal(A x) {
-  if constexpr (sizeof(A) == 8)
-    return {A(0.5) * M::erfc(-x * A(kSqrtHalf)), M::exp(A(-0.5) * x * x)};
+  if constexpr (sizeof(A) == 8) return {M::erfc(-x * A(kSqrtHalf)), M::exp(A(-0.5) * x * x), 2};
   else return normal_fitted<M>(x);
 }
 
@@ -140,7 +144,8 @@ JAXDNN_ACT_FN A forward(A x, A alpha) {
   } else if constexpr (kOp == Op::kGeluTanh) {
     return x * sigmoid_pair<M>(gelu_two_u(x)).s;
   } else if constexpr (kOp == Op::kGeluErf) {
-    return x * normal<M>(x).cdf;
+    const Normal<A> n = normal<M>(x);
+    return x / n.scale * n.p;
   } else if constexpr (kOp == Op::kSilu) {
     return x * sigmoid_pair<M>(x).s;
   } else {
@@ -178,7 +183,7 @@ JAXDNN_ACT_FN A backward(A x, A dy, A alpha) {
   } else if constexpr (kOp == Op::kGeluErf) {
     // d/dx x Phi(x) = Phi(x) + x phi(x)
     const Normal<A> n = normal<M>(x);
-    return dy * (n.cdf + x * (A(kInvSqrt2Pi) * n.e));
+    return dy * (n.p / n.scale + x * (A(kInvSqrt2Pi) * n.e));
   } else if constexpr (kOp == Op::kSilu) {
     // d/dx x sigmoid(x) = sigmoid(x) (1 + x sigmoid(-x))
     const SigmoidPair<A> p = sigmoid_pair<M>(x);
