@@ -64,8 +64,9 @@ JAXDNN_ACT_FN float exp_neg_product(float a, float b) {
 //     26).
 template <typename M>
 JAXDNN_ACT_FN Normal<float> normal_fitted(float x) {
-  float t, e, g;
+  float t, e, g, scale;
   if constexpr (M::kFast) {
+    scale = 1.0f;
     const float s = M::abs(x) * 0.849321800f;  // sqrt(log2(e) / 2)
     t = M::inv_one_plus(s * 0.416277306f);      // a/2 = s / (2 sqrt(log2(e)))
     e = M::exp2_ftz(-s * s);
@@ -78,6 +79,7 @@ JAXDNN_ACT_FN Normal<float> normal_fitted(float x) {
     g = g * t + 1.41500890e-01f;
     g = g * t - 1.77829043e-05f;
   } else {
+    scale = 2.0f;
     const float a = M::abs(x) * float(kSqrtHalf);
     t = M::inv_one_plus(0.5f * M::select(a > 10.1f, 10.1f, a));  // NaN stays NaN
     e = M::select(a > 10.1f, 0.0f, exp_neg_product<M>(0.5f * x, x));
@@ -91,11 +93,9 @@ JAXDNN_ACT_FN Normal<float> normal_fitted(float x) {
     g = g * t + 2.8113595e-01f;
     g = g * t + 2.8221726e-01f;
     g = g * t - 5.8211240e-06f;
-    const float r = e * g;  // erfc(|x|/sqrt(2))
-    return {M::select(x < 0.0f, r, 2.0f - r), e, 2.0f};
   }
-  const float r = e * g;  // Phi(-|x|)
-  return {M::select(x < 0.0f, r, 1.0f - r), e, 1.0f};
+  const float r = e * g;  // scale * Phi(-|x|): Phi(-|x|), or erfc(|x|/sqrt(2))
+  return {M::select(x < 0.0f, r, scale - r), e, scale};
 }
 
 template <typename M, typename A>

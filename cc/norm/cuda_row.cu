@@ -165,11 +165,12 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   const int stage_len = 2 * NV * threads * VEC, ring_len = stages * stage_len;
   D* const ring = reinterpret_cast<D*>(ring_words) + lin * VEC;
   const auto next = [&](int at) { return at + stage_len == ring_len ? 0 : at + stage_len; };
-  // This row group's rows: first, first + RPB, ... < p1 (p-indices); j counts them. Row j's
-  // values start at element (r0 + j * row_step) * K.
+  // This row group's rows: first, first + RPB, ... < p1 (p-indices); j counts them. Row j is
+  // row(j) and its values start at element row(j) * K.
   const int64_t first = blk.p0 + threadIdx.y;
   const int rows = first < blk.p1 ? int((blk.p1 - first + RPB - 1) / RPB) : 0;
   const int64_t r0 = first * s.C + blk.c, row_step = int64_t(RPB) * s.C;
+  const auto row = [&](int j) { return r0 + j * row_step; };
   const int64_t elem_step = row_step * s.K;
   const D* fx = b.x + r0 * s.K + k0;  // the next row to fetch
   const D* fdy = b.dy + r0 * s.K + k0;
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   };
   const auto stats_of = [&](int j) {
     if (j >= rows) return RowStats{};
-    const int64_t r = r0 + j * row_step;
+    const int64_t r = row(j);
     return RowStats{b.mean[r], b.var[r], b.coef_fn.cotangents(r)};
   };
   RowStats st_next = stats_of(0);
@@ -226,7 +227,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
     }
     row_sum2(sg, sgxc, scratch[j & 1]);
     Acc c1, c2;
-    b.coef_fn(r0 + j * row_step, st.ct, inv_k, rs, sg, sgxc * rs, &c1, &c2, tid == 0);
+    b.coef_fn(row(j), st.ct, inv_k, rs, sg, sgxc * rs, &c1, &c2, tid == 0);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {  // x and dy again from the ring: fewer registers than keeping them
       if (k0 + i * pitch >= K) continue;
