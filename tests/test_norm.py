@@ -321,12 +321,14 @@ def test_backward(case, dtype, platform):
 # stages of x and dy in shared memory (cc/norm/cuda_row.cu): these shapes give each row group
 # more rows than stages, so the ring wraps. 4096-wide rows: 256 threads per row (16 values
 # each), 4 stages in 16-bit types, 3 in float32; 40-wide: four rows per block (a warp each);
-# 1001-wide: single values (16-bit ones copied through registers), 126 threads of 8.
+# 1001-wide: single values (16-bit ones copied through registers), 126 threads of 8; 8192-wide:
+# 512 threads per row (one block per SM), 2 stages in float32.
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("case", [layer_case("layer_norm", (1500, 4096)),
                                   layer_case("rms_norm", (1500, 4096)),
                                   layer_case("layer_norm", (24000, 40)),
-                                  layer_case("layer_norm", (3000, 1001))], ids=repr)
+                                  layer_case("layer_norm", (3000, 1001)),
+                                  layer_case("layer_norm", (1500, 8192))], ids=repr)
 def test_row_backward_ring(case, dtype):
     device("gpu")  # skips without a GPU
     test_backward(case, dtype, "gpu")

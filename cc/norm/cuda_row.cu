@@ -140,11 +140,13 @@ __device__ __forceinline__ void ring_wait(int stages) {
   else cuda::cp_async_wait<3>();
 }
 
-// kMaxThreads: the block-size bound, 256 (up to 128 registers: a 16-value thread keeps 32
-// accumulators; at three blocks per SM, 80 registers, it spilled and took 360 us instead of 243
-// on a 32768x4096 bfloat16 layer norm) or 512 for the rows that need more threads (64).
+// kMaxThreads: the block-size bound, 256 or 512 (rows that need more threads), either way with
+// up to 128 registers a thread (a 16-value thread keeps 32 accumulators): 256-thread blocks two
+// to an SM, 512-thread ones one. At three 256-thread blocks per SM, 80 registers, it spilled and
+// took 360 us instead of 243 on a 32768x4096 bfloat16 layer norm; two 512-thread blocks, 64
+// registers, took 149 us on a 4000x8192 one (1.32 TB/s; benchmarks/NOTES.md, session 27).
 template <typename D, int VEC, int NV, int kMaxThreads>
-__global__ void __launch_bounds__(kMaxThreads, 2)
+__global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
     row_bwd_kernel(Bwd<D> b, int64_t slices, int stages) {
   using Acc = A<D>;
   constexpr int E = NV * VEC;
