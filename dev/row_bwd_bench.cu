@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "cc/norm/cuda_norm.h"
