@@ -3,6 +3,7 @@
     python benchmarks/bench_norm.py                 # default backend (GPU shapes on a GPU)
     python benchmarks/bench_norm.py --platform cpu  # CPU shapes
     python benchmarks/bench_norm.py --ops layer_norm,batch_norm --dtypes bfloat16
+    python benchmarks/bench_norm.py --ops layer_norm,rms_norm --rows 8192x16384  # other rows
 
 Reports GB/s of minimal traffic (forward: read x + write y; backward: read x, dy + write dx;
 parameters and statistics are negligible) and the time ratio XLA / jaxdnn (> 1: jaxdnn is
@@ -98,10 +99,11 @@ def ref_group_norm(groups, channels_first):
     return f
 
 
-def cases(platform: str):
-    """(name, layout, shape, jaxdnn fn, reference fn, n_stats_inputs)."""
+def cases(platform: str, rows=None):
+    """(name, layout, shape, jaxdnn fn, reference fn, n_stats_inputs); `rows`: the layer and
+    RMS norm shape (default 32768x4096 on a GPU, 4096x1024 on the CPU)."""
     gpu = platform != "cpu"
-    rows = (32768, 4096) if gpu else (4096, 1024)
+    rows = rows or ((32768, 4096) if gpu else (4096, 1024))
     bn = (64, 112, 112, 64) if gpu else (8, 56, 56, 64)
     gn = (32, 56, 56, 256) if gpu else (8, 28, 28, 128)
     nchw = lambda s: (s[0], s[3], s[1], s[2])
@@ -196,6 +198,8 @@ def main():
     parser.add_argument("--ops", default=None, help="comma-separated op names")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--directions", default="fwd,bwd")
+    parser.add_argument("--rows", default=None,
+                        help="layer/rms norm shape RxK; its table is saved as norm_rows<K>")
     parser.add_argument("--trials", type=int, default=None,
                         help="interleaved repeats, best kept (default: 3 on the CPU, 1 on a GPU)")
     args = parser.parse_args()
@@ -207,7 +211,8 @@ def main():
     trials = default_trials(args.trials, platform)
     rows = []
     with jax.default_device(device):
-        for case in cases(platform):
+        row_shape = tuple(map(int, args.rows.split("x"))) if args.rows else None
+        for case in cases(platform, row_shape):
             if ops and case[0] not in ops:
                 continue
             for dt in args.dtypes.split(","):
@@ -220,7 +225,8 @@ def main():
              f"jaxdnn time; geomean ratio {geomean([r['ratio'] for r in rows]):.2f}. err: "
              "jaxdnn's relative L2 error against a float32 two-pass reference (fwd) or the XLA "
              "path's dx (bwd).")
-    write_results("norm", rows, ["op", "layout", "shape", "dtype", "direction", "us", "ours",
+    name = f"norm_rows{row_shape[1]}" if row_shape else "norm"
+    write_results(name, rows, ["op", "layout", "shape", "dtype", "direction", "us", "ours",
                                  "xla", "ratio", "err"], notes=notes)
 
 

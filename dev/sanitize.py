@@ -91,8 +91,9 @@ def norm():
                     lambda x, s, b: jaxdnn.group_norm(
                         x, s, b, groups=4, layout="NCHW" if axis == 1 else None), x, s, b)
         # (2000, 4096): the row backward's 256-thread blocks, each walking more rows than its ring
-        # has stages.
-        for shape in ((7, 13), (3, 5000), (2, 3, 64), (2000, 4096)):
+        # has stages; (300, 16384): 512 threads x 32 values in 16-bit types, the streaming
+        # backward (sums in shared memory in float32, in the workspace in float64).
+        for shape in ((7, 13), (3, 5000), (2, 3, 64), (2000, 4096), (300, 16384)):
             x = rand(shape, dt)
             s, b = rand(shape[-1:], dt), rand(shape[-1:], dt)
             fwd_bwd(f"layer_norm {shape} {dt.__name__}", jaxdnn.layer_norm, x, s, b)

@@ -322,13 +322,16 @@ def test_backward(case, dtype, platform):
 # more rows than stages, so the ring wraps. 4096-wide rows: 256 threads per row (16 values
 # each), 4 stages in 16-bit types, 3 in float32; 40-wide: four rows per block (a warp each);
 # 1001-wide: single values (16-bit ones copied through registers), 126 threads of 8; 8192-wide:
-# 512 threads per row (one block per SM), 2 stages in float32.
+# 512 threads per row (one block per SM), 2 stages in float32; 16384-wide: 512 threads x 32
+# values in bfloat16, and in float32 the streaming kernel with its sums in shared memory (the
+# (2, 40003) rows of LAYER stream with them in the workspace).
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("case", [layer_case("layer_norm", (1500, 4096)),
                                   layer_case("rms_norm", (1500, 4096)),
                                   layer_case("layer_norm", (24000, 40)),
                                   layer_case("layer_norm", (3000, 1001)),
-                                  layer_case("layer_norm", (1500, 8192))], ids=repr)
+                                  layer_case("layer_norm", (1500, 8192)),
+                                  layer_case("rms_norm", (600, 16384))], ids=repr)
 def test_row_backward_ring(case, dtype):
     device("gpu")  # skips without a GPU
     test_backward(case, dtype, "gpu")

@@ -14,7 +14,8 @@
 //   backward  block (RT, RPB): RT threads per row (a warp when RT == 32, with RPB = 4 rows per
 //             block; otherwise the whole block, RPB = 1); each thread holds NV vectors of VEC
 //             values, vector i at (i*RT + thread)*VEC, as many as 16 values (a 4096-wide row:
-//             256 threads x 2 bfloat16 or 4 float32 vectors; row_config). One wave of blocks;
+//             256 threads x 2 bfloat16 or 4 float32 vectors; row_config; 32 in 16-bit rows
+//             longer than 8192). One wave of blocks;
 //             block (slice sb, c, q) walks the rows of its slice, each thread copying its packs
 //             of the next rows' x and dy into its own slots of a 2-4 stage ring in shared
 //             memory (cp.async: bytes in flight without registers), then per row: the two row
@@ -22,9 +23,9 @@
 //             columns, combined across row groups and written once per block to the
 //             (Q, S_b, C, K) partial planes.
 //             Traffic per row: read x, dy, write dx; per block: write 2K partials.
-// Rows too long for registers take streaming kernels (one block per row, values re-read from
-// L2): forward Welford per thread + block merge, then y; backward sums, then dx with the
-// d(scale), d(bias) partials accumulated in the block's own workspace row.
+// Rows too long for registers take streaming kernels (values re-read from L2): forward, a block
+// per row, Welford per thread + block merge, then y; backward, one wave of blocks walking rows,
+// the sums, then dx with the d(scale), d(bias) partials summed in shared memory.
 
 #include <algorithm>
 #include <type_traits>
@@ -35,7 +36,7 @@
 namespace jaxdnn::norm::cuda_impl {
 namespace {
 
-constexpr int kStreamThreads = 256;
+constexpr int kFwdStreamThreads = 256;
 
 template <typename D, int G, int NP, bool kVector>
 __global__ void __launch_bounds__(cuda::row_block_threads<G>()) row_fwd_kernel(Fwd<D> f) {
@@ -141,7 +142,7 @@ __device__ __forceinline__ void ring_wait(int stages) {
 }
 
 // kMaxThreads: the block-size bound, 256 or 512 (rows that need more threads), either way with
-// up to 128 registers a thread (a 16-value thread keeps 32 accumulators): 256-thread blocks two
+// up to 128 registers a thread (a 16-value thread keeps 32 accumulators, a 32-value one 64): 256-thread blocks two
 // to an SM, 512-thread ones one. At three 256-thread blocks per SM, 80 registers, it spilled and
 // took 360 us instead of 243 on a 32768x4096 bfloat16 layer norm; two 512-thread blocks, 64
 // registers, took 149 us on a 4000x8192 one (1.32 TB/s; benchmarks/NOTES.md, session 27).
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
   const int tid = threadIdx.x, RT = blockDim.x, RPB = blockDim.y;
   const int threads = RT * RPB, lin = threadIdx.y * RT + tid;
   const Shape& s = b.s;
-  const int K = int(s.K);  // a cached row is at most 512 x 16 values
+  const int K = int(s.K);  // a cached row is at most 512 x 32 values
   const Acc inv_k = Acc(1) / Acc(K);
   const BwdBlock blk(s, slices);
   // This thread's packs: pack i at column k0 + i * pitch of every row.
@@ -286,9 +287,9 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
 // ---- Streaming fallback: rows longer than the register cache ---------------------------------
 
 template <typename D>
-__global__ void __launch_bounds__(kStreamThreads) row_fwd_stream_kernel(Fwd<D> f) {
+__global__ void __launch_bounds__(kFwdStreamThreads) row_fwd_stream_kernel(Fwd<D> f) {
   using Acc = A<D>;
-  __shared__ Moments<Acc> sm[kStreamThreads];
+  __shared__ Moments<Acc> sm[kFwdStreamThreads];
   cuda::await_prior_grids();
   const int tid = threadIdx.x;
   const int64_t K = f.s.K;
@@ -298,12 +299,12 @@ __global__ void __launch_bounds__(kStreamThreads) row_fwd_stream_kernel(Fwd<D> f
     if (f.training) {
       const Acc shift = f.centered ? to_acc(x[0]) : Acc(0);
       Moments<Acc> m{0, 0, 0};
-      for (int64_t k = tid; k < K; k += kStreamThreads) {
+      for (int64_t k = tid; k < K; k += kFwdStreamThreads) {
         const Acc v[1] = {to_acc(x[k]) - shift};
         if (f.centered) add_chunk<Acc, 1>(m, v, 1);
         else m.merge(1, 0, v[0] * v[0]);
       }
-      m = merge_group(m, sm, 0, tid, kStreamThreads, 1);
+      m = merge_group(m, sm, 0, tid, kFwdStreamThreads, 1);
       mean = shift + m.mean;
       var = m.m2 / Acc(K);
       if (tid == 0) {
@@ -317,15 +318,25 @@ __global__ void __launch_bounds__(kStreamThreads) row_fwd_stream_kernel(Fwd<D> f
     }
     const Acc rs = rstd_of<D>(var, f.eps);
     const int64_t p = r / f.s.C, affine = (p / f.s.Pq() * f.s.C + r % f.s.C) * K;
-    for (int64_t k = tid; k < K; k += kStreamThreads)
+    for (int64_t k = tid; k < K; k += kFwdStreamThreads)
       f.y[r * K + k] =
           from_acc<D>((to_acc(x[k]) - mean) * rs * f.scale[affine + k] + f.bias[affine + k]);
   }
 }
 
+// One block per slice of rows, kBwdStreamThreads threads striding the row, in one wave of
+// blocks; per row: the two sums (read x, dy), then dx (x, dy again, from L2: a block's row is
+// at most a few hundred KB). Each thread owns columns k (tid + i*threads) in both passes, so its
+// d(scale), d(bias) sums need no barrier: they live in shared memory (`acc`, (2, K)) where they
+// fit, else in the block's own workspace rows (read and written once per row; a 16384-wide
+// float32 row kept there spilled those planes from L2 to HBM and ran at 0.4 TB/s).
+constexpr int kBwdStreamThreads = 1024;
+
 template <typename D>
-__global__ void __launch_bounds__(kStreamThreads) row_bwd_stream_kernel(Bwd<D> b, int64_t slices) {
+__global__ void __launch_bounds__(kBwdStreamThreads)
+    row_bwd_stream_kernel(Bwd<D> b, int64_t slices, bool in_smem) {
   using Acc = A<D>;
+  extern __shared__ uint4 acc_words[];  // (d(scale), d(bias), K) when in_smem
   __shared__ Acc scratch[32];
   cuda::await_prior_grids();
   const int tid = threadIdx.x;
@@ -335,14 +346,17 @@ __global__ void __launch_bounds__(kStreamThreads) row_bwd_stream_kernel(Bwd<D> b
   const Acc inv_k = Acc(1) / Acc(K);
   const Acc* scale = b.scale + (blk.q * s.C + blk.c) * K;
   const int64_t out = ((blk.q * slices + blk.sb) * s.C + blk.c) * K;
-  for (int64_t k = tid; k < K; k += kStreamThreads) b.ws0[out + k] = b.ws1[out + k] = 0;
+  Acc* const dg = in_smem ? reinterpret_cast<Acc*>(acc_words) : b.ws0 + out;
+  Acc* const db = in_smem ? dg + K : b.ws1 + out;
+  for (int64_t k = tid; k < K; k += kBwdStreamThreads) dg[k] = db[k] = 0;
   for (int64_t p = blk.p0; p < blk.p1; ++p) {
     const int64_t r = p * s.C + blk.c;
     const D* x = b.x + r * K;
     const D* dy = b.dy + r * K;
     const Acc m = b.mean[r], rs = rstd_of<D>(b.var[r], b.eps);
     Acc sg = 0, sgxc = 0;
-    for (int64_t k = tid; k < K; k += kStreamThreads) {
+#pragma unroll 4
+    for (int64_t k = tid; k < K; k += kBwdStreamThreads) {
       const Acc gd = scale[k] * to_acc(dy[k]);
       sg += gd;
       sgxc += gd * (to_acc(x[k]) - m);
@@ -351,13 +365,19 @@ __global__ void __launch_bounds__(kStreamThreads) row_bwd_stream_kernel(Bwd<D> b
     sgxc = cuda::block_reduce(sgxc, cuda::SumOp{}, Acc(0), scratch);
     Acc c1, c2;
     b.coef_fn(r, inv_k, rs, sg, sgxc * rs, &c1, &c2, tid == 0);
-    for (int64_t k = tid; k < K; k += kStreamThreads) {  // each thread owns columns k
+#pragma unroll 4
+    for (int64_t k = tid; k < K; k += kBwdStreamThreads) {
       const Acc xc = to_acc(x[k]) - m, d = to_acc(dy[k]);
       b.dx[r * K + k] = from_acc<D>(scale[k] * rs * d + xc * c1 + c2);
-      b.ws0[out + k] += d * xc * rs;
-      b.ws1[out + k] += d;
+      dg[k] += d * xc * rs;
+      db[k] += d;
     }
   }
+  if (in_smem)
+    for (int64_t k = tid; k < K; k += kBwdStreamThreads) {
+      b.ws0[out + k] = dg[k];
+      b.ws1[out + k] = db[k];
+    }
 }
 
 // ---- Launch configuration ---------------------------------------------------------------------
@@ -427,44 +447,58 @@ Status row_forward(const Fwd<D>& f, cudaStream_t st) {
                               : shape(f.s.K, std::false_type{});
   if (cached) return status;
   return cuda::launch("norm row_fwd_stream_kernel", row_fwd_stream_kernel<D>,
-                      cuda::grid_for(rows, 1, 132 * 16), kStreamThreads, 0, st, f);
+                      cuda::grid_for(rows, 1, 132 * 16), kFwdStreamThreads, 0, st, f);
 }
 
 // The cached backward's ring: as many stages of (x, dy) for the block's packs as fit in
-// kRingBytes, 2 to 4 (a 4096-wide row: 4 stages of 16 KB in bfloat16, 3 of 32 KB in float32),
-// in one wave of blocks (each walking rows / wave rows; no second, partial wave).
+// kRingBytes, 2 to 4 (a 4096-wide row: 4 stages of 16 KB in bfloat16, 3 of 32 KB in float32).
 constexpr int64_t kRingBytes = 96 << 10;
+// The streaming backward keeps its d(scale), d(bias) sums in shared memory up to this size (a
+// 20480-wide float32 row).
+constexpr int64_t kStreamAccBytes = 160 << 10;
 
 template <typename D>
 Status row_backward(const Bwd<D>& b, int64_t* slices, cudaStream_t st) {
-  constexpr int kMaxE = sizeof(D) == 8 ? 8 : 16;
+  // Values per thread: up to kMaxE (the register budget at 256 threads a row); 16-bit rows
+  // longer than 512 x kMaxE values take kLongE (512 threads x 32 values: a 16384-wide bfloat16
+  // row, 2.9 TB/s cached against 0.4 streamed; at 4096 wide, 128 threads x 32 values took 295 us
+  // against 237 for 256 x 16; benchmarks/NOTES.md, session 29).
+  constexpr int kMaxE = sizeof(D) == 8 ? 8 : 16, kLongE = sizeof(D) == 2 ? 32 : kMaxE;
   const Shape& s = b.s;
   const bool aligned = cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) &&
                        cuda::vec_aligned(b.dx) && cuda::vec_aligned(b.scale);
-  const RowConfig c = row_config(s.K, Vec<D>::kN, aligned, kMaxE, 512);
+  RowConfig c = row_config(s.K, Vec<D>::kN, aligned, kMaxE, 512);
+  if (!c.cached) c = row_config(s.K, Vec<D>::kN, aligned, kLongE, 512);
   *slices = row_bwd_max_slices(s);
   if (s.Q * *slices * s.C == 0) return Status::Ok();
-  if (!c.cached)
-    return cuda::launch("norm row_bwd_stream_kernel", row_bwd_stream_kernel<D>,
-                        unsigned(s.Q * *slices * s.C), kStreamThreads, 0, st, b, *slices);
-  const int threads = c.rt * c.rpb;
-  const auto run = [&](auto kernel, int nv, int vec) {
-    const int64_t stage = 2 * nv * threads * vec * int64_t(sizeof(D));
-    const int stages = int(std::clamp<int64_t>(kRingBytes / stage, 2, 4));
-    const size_t smem = size_t(stages * stage);
-    const char* what = "norm row_bwd_kernel";
+  // One wave of blocks, each walking rows / wave rows of its affine row (no second, partial
+  // wave); *slices becomes the blocks per affine row.
+  const auto wave = [&](const char* what, auto kernel, dim3 block, size_t smem, auto arg) {
     int per_sm = 0;
     Status status = cuda::check(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
         what);
     if (status.ok())
-      status = cuda::check(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), what);
+      status = cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                               &per_sm, kernel, int(block.x * block.y), smem),
+                           what);
     if (!status.ok()) return status;
-    const int64_t wave = int64_t(std::max(per_sm, 1)) * std::max(cuda::sm_count(), 1);
-    *slices = std::clamp<int64_t>((wave + s.Q * s.C - 1) / (s.Q * s.C), 1, *slices);
-    return cuda::launch(what, kernel, unsigned(s.Q * *slices * s.C), dim3(c.rt, c.rpb), smem,
-                        st, b, *slices, stages);
+    const int64_t blocks = int64_t(std::max(per_sm, 1)) * std::max(cuda::sm_count(), 1);
+    *slices = std::clamp<int64_t>((blocks + s.Q * s.C - 1) / (s.Q * s.C), 1, *slices);
+    return cuda::launch(what, kernel, unsigned(s.Q * *slices * s.C), block, smem, st, b, *slices,
+                        arg);
+  };
+  if (!c.cached) {
+    const int64_t acc = 2 * s.K * int64_t(sizeof(A<D>));
+    const bool in_smem = acc <= kStreamAccBytes;
+    return wave("norm row_bwd_stream_kernel", row_bwd_stream_kernel<D>, dim3(kBwdStreamThreads),
+                in_smem ? size_t(acc) : 0, in_smem);
+  }
+  const int threads = c.rt * c.rpb;
+  const auto run = [&](auto kernel, int nv, int vec) {
+    const int64_t stage = 2 * nv * threads * vec * int64_t(sizeof(D));
+    const int stages = int(std::clamp<int64_t>(kRingBytes / stage, 2, 4));
+    return wave("norm row_bwd_kernel", kernel, dim3(c.rt, c.rpb), size_t(stages * stage), stages);
   };
   Status status = Status::Error("norm row_bwd_kernel: no configuration for the row");
   with_vec<D>(c.vec, [&](auto vec) {
@@ -475,6 +509,8 @@ Status row_backward(const Bwd<D>& b, int64_t* slices, cudaStream_t st) {
         constexpr bool kWide = kNV == 8 || 2 * kNV * kVec > kMaxE;
         if (threads <= 256) status = run(row_bwd_kernel<D, kVec, kNV, 256>, kNV, kVec);
         else if constexpr (kWide) status = run(row_bwd_kernel<D, kVec, kNV, 512>, kNV, kVec);
+      } else if constexpr (kNV * kVec <= kLongE) {  // only rows of more than 512 x kMaxE values
+        status = run(row_bwd_kernel<D, kVec, kNV, 512>, kNV, kVec);
       }
     });
   });
