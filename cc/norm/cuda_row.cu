@@ -15,17 +15,17 @@
 //             block; otherwise the whole block, RPB = 1); each thread holds NV vectors of VEC
 //             values, vector i at (i*RT + thread)*VEC, as many as 16 values (a 4096-wide row:
 //             256 threads x 2 bfloat16 or 4 float32 vectors; row_config; 32 in 16-bit rows
-//             longer than 8192). One wave of blocks;
-//             block (slice sb, c, q) walks the rows of its slice, each thread copying its packs
-//             of the next rows' x and dy into its own slots of a 2-4 stage ring in shared
-//             memory (cp.async: bytes in flight without registers), then per row: the two row
-//             sums (one reduction), dx, and per-thread d(scale), d(bias) accumulators for its
-//             columns, combined across row groups and written once per block to the
-//             (Q, S_b, C, K) partial planes.
+//             longer than 8192). One wave of blocks; block (slice sb, c, q) walks the rows of
+//             its slice, each thread copying its packs of the next rows' x and dy into its own
+//             slots of a 2-4 stage ring in shared memory (cp.async: bytes in flight without
+//             registers), then per row: the two row sums (one reduction), dx, and per-thread
+//             d(scale), d(bias) accumulators for its columns, combined across row groups and
+//             written once per block to the (Q, S_b, C, K) partial planes.
 //             Traffic per row: read x, dy, write dx; per block: write 2K partials.
 // Rows too long for registers take streaming kernels (values re-read from L2): forward, a block
 // per row, Welford per thread + block merge, then y; backward, one wave of blocks walking rows,
-// the sums, then dx with the d(scale), d(bias) partials summed in shared memory.
+// the sums, then dx with the d(scale), d(bias) partials summed in shared memory (in the block's
+// workspace rows beyond kStreamAccBytes).
 
 #include <algorithm>
 #include <type_traits>
@@ -142,10 +142,11 @@ __device__ __forceinline__ void ring_wait(int stages) {
 }
 
 // kMaxThreads: the block-size bound, 256 or 512 (rows that need more threads), either way with
-// up to 128 registers a thread (a 16-value thread keeps 32 accumulators, a 32-value one 64): 256-thread blocks two
-// to an SM, 512-thread ones one. At three 256-thread blocks per SM, 80 registers, it spilled and
-// took 360 us instead of 243 on a 32768x4096 bfloat16 layer norm; two 512-thread blocks, 64
-// registers, took 149 us on a 4000x8192 one (1.32 TB/s; benchmarks/NOTES.md, session 27).
+// up to 128 registers a thread (a 16-value thread keeps 32 accumulators, a 32-value one 64):
+// 256-thread blocks two to an SM, 512-thread ones one. At three 256-thread blocks per SM, 80
+// registers, it spilled and took 360 us instead of 243 on a 32768x4096 bfloat16 layer norm; two
+// 512-thread blocks, 64 registers, took 149 us on a 4000x8192 one (1.32 TB/s; benchmarks/NOTES.md,
+// session 27).
 template <typename D, int VEC, int NV, int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
     row_bwd_kernel(Bwd<D> b, int64_t slices, int stages) {
@@ -327,9 +328,10 @@ __global__ void __launch_bounds__(kFwdStreamThreads) row_fwd_stream_kernel(Fwd<D
 // One block per slice of rows, kBwdStreamThreads threads striding the row, in one wave of
 // blocks; per row: the two sums (read x, dy), then dx (x, dy again, from L2: a block's row is
 // at most a few hundred KB). Each thread owns columns k (tid + i*threads) in both passes, so its
-// d(scale), d(bias) sums need no barrier: they live in shared memory (`acc`, (2, K)) where they
-// fit, else in the block's own workspace rows (read and written once per row; a 16384-wide
-// float32 row kept there spilled those planes from L2 to HBM and ran at 0.4 TB/s).
+// d(scale), d(bias) sums (dg, db) need no barrier: they live in shared memory ((2, K)) where
+// they fit, else in the block's own workspace rows, read and written once per row (all of them
+// there, 512 blocks of 256 threads, spilled those planes from L2 to HBM: a 16384-wide row ran at
+// 0.4 TB/s in bfloat16, 0.8 in float32; benchmarks/NOTES.md, session 29).
 constexpr int kBwdStreamThreads = 1024;
 
 template <typename D>
