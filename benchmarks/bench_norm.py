@@ -192,13 +192,23 @@ def bench_case(case, dtype, directions, device, trials):
     return rows
 
 
+def _row_shape(text: str) -> tuple[int, int]:
+    try:
+        r, k = (int(v) for v in text.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rows wants ROWSxK, e.g. 8192x16384, not {text!r}")
+    if r < 1 or k < 1:
+        raise argparse.ArgumentTypeError(f"--rows wants positive sizes, not {text!r}")
+    return r, k
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--platform", default=None, help="cpu or gpu (default: jax's default)")
     parser.add_argument("--ops", default=None, help="comma-separated op names")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--directions", default="fwd,bwd")
-    parser.add_argument("--rows", default=None,
+    parser.add_argument("--rows", default=None, type=_row_shape,
                         help="layer/rms norm shape RxK; its table is saved as norm_rows<K>")
     parser.add_argument("--trials", type=int, default=None,
                         help="interleaved repeats, best kept (default: 3 on the CPU, 1 on a GPU)")
@@ -211,8 +221,7 @@ def main():
     trials = default_trials(args.trials, platform)
     rows = []
     with jax.default_device(device):
-        row_shape = tuple(map(int, args.rows.split("x"))) if args.rows else None
-        for case in cases(platform, row_shape):
+        for case in cases(platform, args.rows):
             if ops and case[0] not in ops:
                 continue
             for dt in args.dtypes.split(","):
@@ -225,7 +234,7 @@ def main():
              f"jaxdnn time; geomean ratio {geomean([r['ratio'] for r in rows]):.2f}. err: "
              "jaxdnn's relative L2 error against a float32 two-pass reference (fwd) or the XLA "
              "path's dx (bwd).")
-    name = f"norm_rows{row_shape[1]}" if row_shape else "norm"
+    name = f"norm_rows{args.rows[1]}" if args.rows else "norm"
     write_results(name, rows, ["op", "layout", "shape", "dtype", "direction", "us", "ours",
                                  "xla", "ratio", "err"], notes=notes)
 
