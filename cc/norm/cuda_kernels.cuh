@@ -70,8 +70,9 @@ __device__ __forceinline__ void store_vals(D* p, const A<D> (&in)[VEC]) {
   PackOf<D, VEC>::pack(in).store_stream(p);  // outputs are not read again by this kernel
 }
 
-// VEC consecutive accumulator-type values (affine parameters): 16-byte loads when VEC is a
-// multiple of a vector (the callers' offsets are then multiples of VEC, hence aligned).
+// VEC consecutive accumulator-type values (affine parameters, partial sums) from or to p: 16-byte
+// accesses when VEC is a multiple of a vector (the callers' offsets are then multiples of VEC,
+// hence aligned).
 template <typename Acc, int VEC>
 __device__ __forceinline__ void load_params(const Acc* p, Acc (&out)[VEC]) {
   constexpr int N = Vec<Acc>::kN;
@@ -85,6 +86,23 @@ __device__ __forceinline__ void load_params(const Acc* p, Acc (&out)[VEC]) {
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) out[i] = p[i];
+  }
+}
+
+template <typename Acc, int VEC>
+__device__ __forceinline__ void store_params(Acc* p, const Acc (&in)[VEC]) {
+  constexpr int N = Vec<Acc>::kN;
+  if constexpr (VEC % N == 0) {
+#pragma unroll
+    for (int i = 0; i < VEC / N; ++i) {
+      Vec<Acc> v;
+#pragma unroll
+      for (int j = 0; j < N; ++j) v.v[j] = in[i * N + j];
+      v.store(p + i * N);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) p[i] = in[i];
   }
 }
 

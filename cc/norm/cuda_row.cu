@@ -325,25 +325,33 @@ __global__ void __launch_bounds__(kFwdStreamThreads) row_fwd_stream_kernel(Fwd<D
   }
 }
 
-// One block per slice of rows, kBwdStreamThreads threads striding the row, in one wave of
-// blocks; per row: the two sums (read x, dy), then dx (x, dy again, from L2: a block's row is
-// at most a few hundred KB). Each thread owns columns k (tid + i*threads) in both passes, so its
-// d(scale), d(bias) sums (dg, db) need no barrier: they live in shared memory ((2, K)) where
-// they fit, else in the block's own workspace rows, read and written once per row (all of them
-// there, 512 blocks of 256 threads, spilled those planes from L2 to HBM: a 16384-wide row ran at
-// 0.4 TB/s in bfloat16, 0.8 in float32; benchmarks/NOTES.md, session 29).
+// One block per slice of rows, kBwdStreamThreads threads striding the row in packs of VEC
+// values, in one wave of blocks. Sweep j over the row's columns writes row j's dx (its x and dy
+// re-read, from L2: sweep j - 1 read them) and takes row j + 1's two sums (its x and dy read from
+// memory), so the reads of one row overlap the other's dx and there is one row reduction per
+// sweep; rows + 1 sweeps in all (the first only sums, the last only writes dx). Loads of a
+// batch of U packs are issued ahead of its dx stores, which they could alias as far as the
+// compiler knows. Each thread owns the same columns in every sweep, so its d(scale), d(bias)
+// sums (dg, db) need no barrier: they live in shared memory ((2, K)) where they fit, else in the
+// block's own workspace rows (512 blocks of 256 threads each with its workspace rows, 64 MB at
+// 16384 wide, spilled from L2 to HBM: 0.4 TB/s in bfloat16, 0.8 in float32; benchmarks/NOTES.md,
+// session 29).
 constexpr int kBwdStreamThreads = 1024;
 
-template <typename D>
+template <typename D, int VEC>
 __global__ void __launch_bounds__(kBwdStreamThreads)
     row_bwd_stream_kernel(Bwd<D> b, int64_t slices, bool in_smem) {
   using Acc = A<D>;
+  using Pk = PackOf<D, VEC>;
+  constexpr int U = std::clamp(16 / int(sizeof(Pk)), 1, 4);  // packs per batch: 16 bytes of each array
+  constexpr int W = std::min(VEC, Vec<Acc>::kN);  // d(scale), d(bias) values per access
   extern __shared__ uint4 acc_words[];  // (d(scale), d(bias), K) when in_smem
-  __shared__ Acc scratch[32];
+  __shared__ Acc scratch[2][2][32];     // (sweep parity, sum, warp)
   cuda::await_prior_grids();
   const int tid = threadIdx.x;
   const Shape& s = b.s;
   const int64_t K = s.K;
+  const int packs = int(K / VEC), step = kBwdStreamThreads * U;  // a row: K / VEC packs
   const BwdBlock blk(s, slices);
   const Acc inv_k = Acc(1) / Acc(K);
   const Acc* scale = b.scale + (blk.q * s.C + blk.c) * K;
@@ -351,30 +359,88 @@ __global__ void __launch_bounds__(kBwdStreamThreads)
   Acc* const dg = in_smem ? reinterpret_cast<Acc*>(acc_words) : b.ws0 + out;
   Acc* const db = in_smem ? dg + K : b.ws1 + out;
   for (int64_t k = tid; k < K; k += kBwdStreamThreads) dg[k] = db[k] = 0;
-  for (int64_t p = blk.p0; p < blk.p1; ++p) {
-    const int64_t r = p * s.C + blk.c;
-    const D* x = b.x + r * K;
-    const D* dy = b.dy + r * K;
-    const Acc m = b.mean[r], rs = rstd_of<D>(b.var[r], b.eps);
-    Acc sg = 0, sgxc = 0;
-#pragma unroll 4
-    for (int64_t k = tid; k < K; k += kBwdStreamThreads) {
-      const Acc gd = scale[k] * to_acc(dy[k]);
-      sg += gd;
-      sgxc += gd * (to_acc(x[k]) - m);
+  __syncthreads();  // the sweeps' threads own packs, not the columns zeroed above
+  struct Row {
+    int64_t r = 0;
+    Acc m = 0, rs = 0, c1 = 0, c2 = 0;  // c1, c2 once its sums are in
+    typename GradCoef<Acc>::Cotangents ct{};
+  };
+  const auto row_at = [&](int64_t p) {
+    Row w;
+    if (p < blk.p1) {
+      w.r = p * s.C + blk.c;
+      w.m = b.mean[w.r];
+      w.rs = rstd_of<D>(b.var[w.r], b.eps);
+      w.ct = b.coef_fn.cotangents(w.r);
     }
-    sg = cuda::block_reduce(sg, cuda::SumOp{}, Acc(0), scratch);
-    sgxc = cuda::block_reduce(sgxc, cuda::SumOp{}, Acc(0), scratch);
-    Acc c1, c2;
-    b.coef_fn(r, inv_k, rs, sg, sgxc * rs, &c1, &c2, tid == 0);
-#pragma unroll 4
-    for (int64_t k = tid; k < K; k += kBwdStreamThreads) {
-      const Acc xc = to_acc(x[k]) - m, d = to_acc(dy[k]);
-      b.dx[r * K + k] = from_acc<D>(scale[k] * rs * d + xc * c1 + c2);
-      dg[k] += d * xc * rs;
-      db[k] += d;
+    return w;
+  };
+  Row cur, nxt = row_at(blk.p0);
+  for (int64_t p = blk.p0 - 1; p < blk.p1; ++p) {  // the sweep writing row p and summing row p + 1
+    const bool has_cur = p >= blk.p0, has_nxt = p + 1 < blk.p1;
+    const D* cx = b.x + cur.r * K;
+    const D* cdy = b.dy + cur.r * K;
+    const D* nx = b.x + nxt.r * K;
+    const D* ndy = b.dy + nxt.r * K;
+    D* dx = b.dx + cur.r * K;
+    Acc sg = 0, sgxc = 0;  // row p + 1's sum(g*dy), sum(g*dy*(x - mean))
+    for (int base = tid; base < packs; base += step) {
+      // Row p's x, dy (their last use: evict first from L2), row p + 1's (kept for sweep p + 1).
+      Pk vx[U], vd[U], wx[U], wd[U];
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        const int64_t k = int64_t(base + i * kBwdStreamThreads) * VEC;
+        if (base + i * kBwdStreamThreads >= packs) continue;
+        if (has_cur) vx[i] = Pk::load_stream(cx + k), vd[i] = Pk::load_stream(cdy + k);
+        if (has_nxt) wx[i] = Pk::load(nx + k), wd[i] = Pk::load(ndy + k);
+      }
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        const int64_t k = int64_t(base + i * kBwdStreamThreads) * VEC;
+        if (base + i * kBwdStreamThreads >= packs) continue;
+        Acc g[VEC], x[VEC], d[VEC];
+        load_params(scale + k, g);
+        if (has_cur) {
+          vx[i].unpack(x);
+          vd[i].unpack(d);
+          Acc o[VEC];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e)
+            o[e] = fma(g[e] * d[e], cur.rs, fma(x[e] - cur.m, cur.c1, cur.c2));
+          store_vals<D, VEC>(dx + k, o);
+#pragma unroll
+          for (int h = 0; h < VEC; h += W) {  // dg, db a 16-byte word at a time
+            Acc sdg[W], sdb[W];
+            load_params(dg + k + h, sdg);
+            load_params(db + k + h, sdb);
+#pragma unroll
+            for (int e = 0; e < W; ++e) {
+              sdg[e] = fma(d[h + e], (x[h + e] - cur.m) * cur.rs, sdg[e]);
+              sdb[e] += d[h + e];
+            }
+            store_params(dg + k + h, sdg);
+            store_params(db + k + h, sdb);
+          }
+        }
+        if (has_nxt) {
+          wx[i].unpack(x);
+          wd[i].unpack(d);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const Acc gd = g[e] * d[e];
+            sg += gd;
+            sgxc += gd * (x[e] - nxt.m);
+          }
+        }
+      }
     }
+    if (!has_nxt) break;
+    row_sum2(sg, sgxc, scratch[p & 1]);
+    b.coef_fn(nxt.r, nxt.ct, inv_k, nxt.rs, sg, sgxc * nxt.rs, &nxt.c1, &nxt.c2, tid == 0);
+    cur = nxt;
+    nxt = row_at(p + 2);
   }
+  __syncthreads();
   if (in_smem)
     for (int64_t k = tid; k < K; k += kBwdStreamThreads) {
       b.ws0[out + k] = dg[k];
@@ -493,8 +559,12 @@ Status row_backward(const Bwd<D>& b, int64_t* slices, cudaStream_t st) {
   if (!c.cached) {
     const int64_t acc = 2 * s.K * int64_t(sizeof(A<D>));
     const bool in_smem = acc <= kStreamAccBytes;
-    return wave("norm row_bwd_stream_kernel", row_bwd_stream_kernel<D>, dim3(kBwdStreamThreads),
-                in_smem ? size_t(acc) : 0, in_smem);
+    Status status;
+    with_vec<D>(c.vec, [&](auto vec) {
+      status = wave("norm row_bwd_stream_kernel", row_bwd_stream_kernel<D, vec()>,
+                    dim3(kBwdStreamThreads), in_smem ? size_t(acc) : 0, in_smem);
+    });
+    return status;
   }
   const int threads = c.rt * c.rpb;
   const auto run = [&](auto kernel, int nv, int vec) {
