@@ -18,9 +18,10 @@
 //             longer than 8192). One wave of blocks; block (slice sb, c, q) walks the rows of
 //             its slice, each thread copying its packs of the next rows' x and dy into its own
 //             slots of a 2-4 stage ring in shared memory (cp.async: bytes in flight without
-//             registers), then per row: the two row sums (one reduction), dx, and per-thread
-//             d(scale), d(bias) accumulators for its columns, combined across row groups and
-//             written once per block to the (Q, S_b, C, K) partial planes.
+//             registers; the thread's scale values after it), then per row: the two row sums
+//             (one reduction), dx, and per-thread d(scale), d(bias) accumulators for its
+//             columns, combined across row groups and written once per block to the
+//             (Q, S_b, C, K) partial planes.
 //             Traffic per row: read x, dy, write dx; per block: write 2K partials.
 // Rows too long for registers take streaming kernels (values re-read from L2): forward, a block
 // per row, Welford per thread + block merge, then y; backward, one wave of blocks walking rows,
@@ -152,7 +153,8 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
     row_bwd_kernel(Bwd<D> b, int64_t slices, int stages) {
   using Acc = A<D>;
   constexpr int E = NV * VEC;
-  extern __shared__ uint4 ring_words[];  // (stage, x|dy, pack, thread) slots of VEC values
+  // (stage, x|dy, pack, thread) slots of VEC values, then (pack, unit, thread) scale units
+  extern __shared__ uint4 ring_words[];
   __shared__ Acc scratch[2][2][32];  // (row parity, sum, warp)
   cuda::await_prior_grids();
   const int tid = threadIdx.x, RT = blockDim.x, RPB = blockDim.y;
@@ -163,12 +165,42 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
   const BwdBlock blk(s, slices);
   // This thread's packs: pack i at column k0 + i * pitch of every row.
   const int k0 = tid * VEC, pitch = RT * VEC;
-  const Acc* scale = b.scale + (blk.q * s.C + blk.c) * s.K + k0;  // one affine row: in L1
+  const Acc* scale = b.scale + (blk.q * s.C + blk.c) * s.K + k0;  // the block's affine row
   // The ring: `stages` slots of 2 * NV packs per thread, a stage after another; pack i of x of a
   // stage at i * threads * VEC from this thread's base, of dy at (NV + i) * threads * VEC.
   const int stage_len = 2 * NV * threads * VEC, ring_len = stages * stage_len;
   D* const ring = reinterpret_cast<D*>(ring_words) + lin * VEC;
   const auto next = [&](int at) { return at + stage_len == ring_len ? 0 : at + stage_len; };
+  // This thread's scale values, copied once into shared memory after the ring (its own slots,
+  // so no barrier): unit h (U values) of pack i at unit(i, h), a warp's 16-byte units side by
+  // side. Read twice per row from there instead of from L1: on a 32768x4096 bfloat16 layer norm
+  // 236 -> 229 us, 8192x16384 273 -> 248 (benchmarks/NOTES.md, session 30).
+  constexpr int U = VEC % Vec<Acc>::kN == 0 ? Vec<Acc>::kN : 1, kSub = VEC / U;
+  Acc* const sscale =
+      reinterpret_cast<Acc*>(reinterpret_cast<D*>(ring_words) + ring_len) + lin * U;
+  const auto unit = [&](int i, int h) { return sscale + (i * kSub + h) * threads * U; };
+  const auto scale_of = [&](int i, Acc (&g)[VEC]) {
+#pragma unroll
+    for (int h = 0; h < kSub; ++h) {
+      Acc u[U];
+      load_params(unit(i, h), u);
+#pragma unroll
+      for (int e = 0; e < U; ++e) g[h * U + e] = u[e];
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    if (k0 + i * pitch >= K) continue;
+    Acc g[VEC];
+    load_params(scale + i * pitch, g);
+#pragma unroll
+    for (int h = 0; h < kSub; ++h) {
+      Acc u[U];
+#pragma unroll
+      for (int e = 0; e < U; ++e) u[e] = g[h * U + e];
+      store_params(unit(i, h), u);
+    }
+  }
   // This row group's rows: first, first + RPB, ... < p1 (p-indices); j counts them. Row j is
   // row(j) and its values start at element row(j) * K.
   const int64_t first = blk.p0 + threadIdx.y;
@@ -221,7 +253,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
       Acc x[VEC], d[VEC], g[VEC];
       load_vals<D, VEC>(cx + i * threads * VEC, x);
       load_vals<D, VEC>(cdy + i * threads * VEC, d);
-      load_params(scale + i * pitch, g);
+      scale_of(i, g);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const Acc gd = g[e] * d[e];
@@ -238,7 +270,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
       Acc x[VEC], d[VEC], g[VEC], out[VEC];
       load_vals<D, VEC>(cx + i * threads * VEC, x);
       load_vals<D, VEC>(cdy + i * threads * VEC, d);
-      load_params(scale + i * pitch, g);
+      scale_of(i, g);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const Acc xc = x[e] - m;
@@ -570,7 +602,9 @@ Status row_backward(const Bwd<D>& b, int64_t* slices, cudaStream_t st) {
   const auto run = [&](auto kernel, int nv, int vec) {
     const int64_t stage = 2 * nv * threads * vec * int64_t(sizeof(D));
     const int stages = int(std::clamp<int64_t>(kRingBytes / stage, 2, 4));
-    return wave("norm row_bwd_kernel", kernel, dim3(c.rt, c.rpb), size_t(stages * stage), stages);
+    const int64_t scales = int64_t(nv) * vec * threads * int64_t(sizeof(A<D>));
+    return wave("norm row_bwd_kernel", kernel, dim3(c.rt, c.rpb), size_t(stages * stage + scales),
+                stages);
   };
   Status status = Status::Error("norm row_bwd_kernel: no configuration for the row");
   with_vec<D>(c.vec, [&](auto vec) {
