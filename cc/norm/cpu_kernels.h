@@ -384,10 +384,6 @@ template <typename T> void segment_stats(const FwdView<T>& v, const Parallel& pa
 template <typename T> void segment_apply(const FwdView<T>& v, const Parallel& par);
 template <typename T> void segment_grads(const BwdView<T>& v, const Parallel& par);
 template <typename T> void segment_dx(const BwdView<T>& v, const Parallel& par);
-// The training forward in one pass over groups when each group (its K contiguous segments in
-// each of the A sample rows) fits the core's cache (cpu_segment.cc); false (nothing done)
-// otherwise.
-template <typename T> bool segment_fused(const FwdView<T>& v, const Parallel& par);
 
 #define JAXDNN_NORM_CPU_INSTANTIATE(fn, View)                                 \
   template void fn<float>(const View<float>&, const Parallel&);               \

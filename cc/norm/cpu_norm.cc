@@ -124,7 +124,6 @@ void forward(const Problem& p, const FwdBuffers& b, bool training, const Paralle
       column_apply(v, par);
       return;
     case Path::kSegment:
-      if (training && segment_fused(v, par)) return;
       if (training) {
         segment_stats(v, par);
         merge_stats(v, par);

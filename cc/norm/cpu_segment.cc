@@ -6,11 +6,13 @@
 //   apply  y = (x - mean)*(rstd*scale) + bias.                Traffic: read x, write y.
 //   grads  sums of dy*xhat and dy per segment.                Traffic: read x, dy.
 //   dx     dx = scale*rstd*dy + (x - mean)*c1 + c2.           Traffic: read x, dy, write dx.
-//   fused  training, when a group (K contiguous segments in each of the A sample rows) holds
-//          at most kFusedGroupBytes: a task takes whole groups through stats, merge and apply,
-//          so apply re-reads x from L1/L2 instead of memory. The same partials merged in the
-//          same order: bitwise equal to the three passes. Traffic: read x, write y.
-// Tasks take whole segments (whole groups when fused), about 32K values each.
+// Tasks take whole segments, about 32K values each, in memory order. A training forward that
+// took whole groups per task through stats, merge and apply (apply re-reading x from L2, one
+// pass fewer from memory) lost to these passes on a 2-core EPYC with a 32 MB L3, in batch norm
+// (a group strided over the batch) and group norm (contiguous groups) alike: batch_norm
+// 8x64x56x56 float32 409 us median against 586, group_norm 8x128x28x28 (32 groups) 305 against
+// 355, 8x256x56x56 2236 against 3117, bfloat16 430 / 624 and 343 / 417 (benchmarks/NOTES.md,
+// session 30). The passes walk long contiguous runs, which the hardware prefetchers follow.
 
 #include "cc/norm/cpu_kernels.h"
 
@@ -27,9 +29,6 @@ inline Segment locate(const Shape& s, int64_t r) {
 }
 
 inline int64_t per_task(const Shape& s) { return std::max<int64_t>(1, 32768 / s.T); }
-
-// Largest group the fused forward takes: well inside a core's L2 (1-2 MB on current x86).
-constexpr int64_t kFusedGroupBytes = 256 << 10;
 
 }  // namespace segment
 
@@ -88,24 +87,6 @@ JAXDNN_ALWAYS_INLINE void segment_dx_range(const BwdView<T>& v, int64_t r0, int6
   }
 }
 
-// Groups [g0, g1); group g = (p, c) is segments ((p*A + a)*C + c)*K + [0, K) of each row a.
-template <typename T>
-JAXDNN_ALWAYS_INLINE void segment_fused_range(const FwdView<T>& v, int64_t g0, int64_t g1) {
-  const Shape& s = v.s;
-  for (int64_t g = g0; g < g1; ++g) {
-    const int64_t p = g / s.C, c = g % s.C;
-    for (int64_t a = 0; a < s.A; ++a) {
-      const int64_t r0 = ((p * s.A + a) * s.C + c) * s.K;
-      segment_stats_range(v, r0, r0 + s.K);
-    }
-    merge_group_stats(v, g);
-    for (int64_t a = 0; a < s.A; ++a) {
-      const int64_t r0 = ((p * s.A + a) * s.C + c) * s.K;
-      segment_apply_range(v, r0, r0 + s.K);
-    }
-  }
-}
-
 #define JAXDNN_SEGMENT_TASKS(T)                                                               \
   JAXDNN_CPU_CLONES void segment_stats_task(const FwdView<T>& v, int64_t r0, int64_t r1) {    \
     segment_stats_range<T>(v, r0, r1);                                                        \
@@ -118,9 +99,6 @@ JAXDNN_ALWAYS_INLINE void segment_fused_range(const FwdView<T>& v, int64_t g0, i
   }                                                                                           \
   JAXDNN_CPU_CLONES void segment_dx_task(const BwdView<T>& v, int64_t r0, int64_t r1) {       \
     segment_dx_range<T>(v, r0, r1);                                                           \
-  }                                                                                           \
-  JAXDNN_CPU_CLONES void segment_fused_task(const FwdView<T>& v, int64_t g0, int64_t g1) {    \
-    segment_fused_range<T>(v, g0, g1);                                                        \
   }
 JAXDNN_SEGMENT_TASKS(float)
 JAXDNN_SEGMENT_TASKS(double)
@@ -160,21 +138,6 @@ void segment_dx(const BwdView<T>& v, const Parallel& par) {
                [](const BwdView<T>& w, int64_t a, int64_t b) { segment_dx_task(w, a, b); });
 }
 
-template <typename T>
-bool segment_fused(const FwdView<T>& v, const Parallel& par) {
-  const Shape& s = v.s;
-  const int64_t group = s.A * s.K * s.T;
-  if (group * int64_t(sizeof(T)) > segment::kFusedGroupBytes) return false;
-  const int64_t n = s.groups(), per = std::max<int64_t>(1, 32768 / group);
-  par.for_each((n + per - 1) / per,
-               [&](int64_t i) { segment_fused_task(v, i * per, std::min(n, (i + 1) * per)); });
-  return true;
-}
-
-template bool segment_fused<float>(const FwdView<float>&, const Parallel&);
-template bool segment_fused<double>(const FwdView<double>&, const Parallel&);
-template bool segment_fused<f16_t>(const FwdView<f16_t>&, const Parallel&);
-template bool segment_fused<bf16_t>(const FwdView<bf16_t>&, const Parallel&);
 JAXDNN_NORM_CPU_INSTANTIATE(segment_stats, FwdView);
 JAXDNN_NORM_CPU_INSTANTIATE(segment_apply, FwdView);
 JAXDNN_NORM_CPU_INSTANTIATE(segment_grads, BwdView);
