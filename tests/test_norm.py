@@ -317,6 +317,31 @@ def test_backward(case, dtype, platform):
         np.testing.assert_array_equal(db, 0)
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("used", ["mean", "var", "neither"])
+def test_backward_unused_statistics(used, platform):
+    """Statistics outputs the loss never reads reach the backward kernel as empty cotangents
+    (read as zero, no fill kernel ahead of it); the gradient through the used one counts."""
+    case = batch_case((37, 5))
+    x, s, b = _inputs(case, jnp.float32)
+
+    def loss(f):
+        def total(x, s, b):
+            y, m, v = f(x, s, b)
+            extra = {"mean": jnp.sum(m * m), "var": jnp.sum(jnp.cos(v)), "neither": 0.0}[used]
+            return jnp.sum(jnp.sin(y)) + extra
+        return jax.grad(total, argnums=(0, 1, 2))
+
+    got = jax.jit(loss(case.run))(*on(platform, x, s, b))
+    with jax.default_device(jax.devices("cpu")[0]):
+        want = loss(jnp_reference(case))(*(np.asarray(a, np.float64) for a in (x, s, b)))
+    for g, w, what in zip(got, want, ("dx", "dscale", "dbias")):
+        assert_close(g, w, jnp.float32, what=what)
+    text = jax.jit(loss(case.run)).lower(x, s, b).as_text()
+    (call,) = [ln for ln in text.splitlines() if "@jaxdnn_norm_bwd" in ln]
+    assert call.count("tensor<0xf32>") == {"mean": 1, "var": 1, "neither": 2}[used], call
+
+
 # The CUDA row backward runs one wave of blocks, each walking its rows through a ring of 2-4
 # stages of x and dy in shared memory (cc/norm/cuda_row.cu): these shapes give each row group
 # more rows than stages, so the ring wraps. 4096-wide rows: 256 threads per row (16 values

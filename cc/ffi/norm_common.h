@@ -48,6 +48,11 @@ struct NormCheck {
   ffi::Error stats(const ffi::AnyBuffer& b, const char* name) const {
     return expect(b, name, p.s.groups(), stat_dtype());
   }
+  // A cotangent of a statistics output: the statistics' shape, or empty for a zero cotangent
+  // (the usual case: layer norm's callers never see mean and var).
+  ffi::Error stats_cotangent(const ffi::AnyBuffer& b, const char* name) const {
+    return b.element_count() == 0 ? expect(b, name, 0, stat_dtype()) : stats(b, name);
+  }
   ffi::Error affine(const ffi::AnyBuffer& b, const char* name) const {
     return expect(b, name, p.s.Q * p.s.CK(), stat_dtype());
   }
@@ -165,7 +170,8 @@ inline void set_bwd_buffers(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
   b->ws = ws.untyped_data();
 }
 
-// Training backward: dmean/dvar are the cotangents of the statistics outputs.
+// Training backward: dmean/dvar are the cotangents of the statistics outputs (empty: zero, and
+// the kernels get null pointers).
 inline ffi::Error prepare_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& dmean,
                                    const ffi::AnyBuffer& dvar, const ffi::AnyBuffer& x,
                                    const ffi::AnyBuffer& scale, const ffi::AnyBuffer& mean,
@@ -175,8 +181,8 @@ inline ffi::Error prepare_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffe
                                    bool centered, norm::Problem* p, norm::BwdBuffers* b) {
   if (ffi::Error e = decode_norm("norm_bwd", x, shape, eps, centered, p); e.failure()) return e;
   const NormCheck c{*p, "jaxdnn norm_bwd"};
-  if (ffi::Error e = first_error({c.like_x(dy, "dy"), c.stats(dmean, "dmean"),
-                                  c.stats(dvar, "dvar"), c.stats(mean, "mean"),
+  if (ffi::Error e = first_error({c.like_x(dy, "dy"), c.stats_cotangent(dmean, "dmean"),
+                                  c.stats_cotangent(dvar, "dvar"), c.stats(mean, "mean"),
                                   c.stats(var, "var"), c.like_x(dx, "dx"),
                                   c.affine(dscale, "dscale"), c.affine(dbias, "dbias"),
                                   c.workspace(ws, norm::bwd_workspace_bytes(p->s, p->dtype))});
@@ -184,8 +190,8 @@ inline ffi::Error prepare_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffe
     return e;
   set_bwd_buffers(dy, x, scale, mean, var, dx, dscale, dbias, ws, b);
   b->training = true;
-  b->dmean = dmean.untyped_data();
-  b->dvar = dvar.untyped_data();
+  b->dmean = dmean.element_count() ? dmean.untyped_data() : nullptr;
+  b->dvar = dvar.element_count() ? dvar.untyped_data() : nullptr;
   return ffi::Error::Success();
 }
 

@@ -83,7 +83,7 @@ struct BwdView {
   bool centered, training;
   S<T> eps;
   const T* dy;
-  const S<T>* dmean;
+  const S<T>* dmean;  // training: the statistics' cotangents (null: zero)
   const S<T>* dvar;
   const T* x;
   const S<T>* scale;
@@ -358,8 +358,10 @@ JAXDNN_ALWAYS_INLINE void group_coefficients(const BwdView<T>& v, int64_t group,
     *c1 = *c2 = 0;
     return;
   }
-  *c1 = S<T>((2.0 * double(v.dvar[group]) - r * r * sgx) / n);
-  *c2 = v.centered ? S<T>((double(v.dmean[group]) - r * sg) / n) : S<T>(0);
+  const double dvar = v.dvar ? double(v.dvar[group]) : 0;  // (null: a zero cotangent)
+  const double dmean = v.dmean ? double(v.dmean[group]) : 0;
+  *c1 = S<T>((2.0 * dvar - r * r * sgx) / n);
+  *c2 = v.centered ? S<T>((dmean - r * sg) / n) : S<T>(0);
 }
 
 // ---- Paths (explicitly instantiated for float, double, f16_t, bf16_t) ------------------------

@@ -255,13 +255,14 @@ struct GradCoef {
   Acc* dvar_out;
 
   // The cotangents of group g's statistics outputs (training), which the coefficients read:
-  // a kernel walking groups can load the next group's ahead of its sums.
+  // a kernel walking groups can load the next group's ahead of its sums. Null pointers are
+  // zero cotangents.
   struct Cotangents {
     Acc dmean, dvar;
   };
   __device__ __forceinline__ Cotangents cotangents(int64_t g) const {
     if (!training) return {0, 0};
-    return {centered ? dmean[g] : Acc(0), dvar[g]};
+    return {centered && dmean ? dmean[g] : Acc(0), dvar ? dvar[g] : Acc(0)};
   }
 
   // Coefficients of group g; `write` (one thread per group) stores the inference outputs.

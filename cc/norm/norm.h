@@ -191,7 +191,7 @@ struct FwdBuffers {
 struct BwdBuffers {
   bool training = true;
   const void* dy = nullptr;
-  const void* dmean = nullptr;  // training only (cotangents of the statistics outputs)
+  const void* dmean = nullptr;  // training only (cotangents of the statistics outputs; null: 0)
   const void* dvar = nullptr;
   const void* x = nullptr;
   const void* scale = nullptr;

@@ -21,6 +21,7 @@ Primitives (training and inference each a forward, a tangent and a backward)::
         8-byte types: two kernel calls, statistics and apply; see _fwd_lowering_cuda)
     norm_tangent_p(tx, tscale, tbias; x, scale, mean, var) -> ty, tmean, tvar     [jnp]
     norm_bwd_p(dy, dmean, dvar; x, scale, mean, var) -> dx, dscale, dbias, ws     [kernel]
+        (dmean, dvar: the statistics' cotangents, or empty vectors where they are zero)
     norm_infer_p(x, scale, bias, mean, var)          -> y                         [kernel]
     norm_infer_tangent_p(tx, tscale, tbias, tmean, tvar; x, scale, mean, var) -> ty  [jnp]
     norm_infer_bwd_p(dy; x, scale, mean, var) -> dx, dscale, dbias, dmean, dvar, ws  [kernel]
@@ -159,6 +160,7 @@ def _tangent_ref(tx, ts, tb, x, scale, mean, var, *, shape, eps, centered):
 
 
 def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, *, shape, eps, centered):
+    dmean, dvar = (c if c.shape == mean.shape else 0 for c in (dmean, dvar))  # empty: zero
     xc, r, xhat = _normalised(shape, x, mean, var, eps)
     dy = _x5(shape, dy, var.dtype)
     g = dy * _affine_b(shape, scale)
@@ -189,13 +191,16 @@ def _infer_bwd_ref(dy, x, scale, mean, var, *, shape, eps):
 # Primitives
 # ----------------------------------------------------------------------------------------------
 
-# Operand kinds: x-like (P, A, C, K, T), statistics (P, C), affine (Q, C, K), workspace.
-X, S, AFF, WS = "x", "stats", "affine", "workspace"
+# Operand kinds: x-like (P, A, C, K, T), statistics (P, C), affine (Q, C, K), workspace, and
+# the statistics' cotangents (P, C) in norm_bwd, or an empty vector for zero ones: layer norm's
+# mean and var are never outputs, and zeros of their shape would cost a fill kernel in every
+# backward.
+X, S, AFF, WS, DS = "x", "stats", "affine", "workspace", "stats cotangent"
 
 
 def _size(kind, shape: NormShape, ws=0) -> int:
     return {X: math.prod(shape.x_shape), S: math.prod(shape.stats_shape),
-            AFF: math.prod(shape.affine_shape), WS: ws}[kind]
+            DS: math.prod(shape.stats_shape), AFF: math.prod(shape.affine_shape), WS: ws}[kind]
 
 
 def _aval(kind, shape: NormShape, x_dtype, ws=0):
@@ -209,7 +214,8 @@ def _check(name, kinds, avals, shape: NormShape):
     x_dtype = next(a.dtype for a, k in zip(avals, kinds) if k == X)
     for i, (a, k) in enumerate(zip(avals, kinds)):
         want = _aval(k, shape, x_dtype)
-        if tuple(a.shape) != want.shape or a.dtype != want.dtype:
+        shapes = (want.shape, (0,)) if k == DS else (want.shape,)
+        if tuple(a.shape) not in shapes or a.dtype != want.dtype:
             raise TypeError(f"jaxdnn {name}: operand {i} is {a.str_short()}, expected "
                             f"{want.str_short()} for {shape}")
     return x_dtype
@@ -219,7 +225,7 @@ def _check(name, kinds, avals, shape: NormShape):
 # linear operands lead; the rest are saved values.
 _SPECS = {
     "norm_fwd": ((X, AFF, AFF), (X, S, S, WS), NormShape.fwd_workspace, 0),
-    "norm_bwd": ((X, S, S, X, AFF, S, S), (X, AFF, AFF, WS), NormShape.bwd_workspace, 3),
+    "norm_bwd": ((X, DS, DS, X, AFF, S, S), (X, AFF, AFF, WS), NormShape.bwd_workspace, 3),
     "norm_tangent": ((X, AFF, AFF, X, AFF, S, S), (X, S, S), None, 3),
     "norm_infer": ((X, AFF, AFF, S, S), (X,), None, 0),
     "norm_infer_bwd": ((X, X, AFF, S, S), (X, AFF, AFF, S, S, WS), NormShape.bwd_workspace, 1),
@@ -310,6 +316,13 @@ def _zero_of(v):
     return ad.Zero(ShapedArray(v.shape, v.dtype).to_tangent_aval())
 
 
+def _instantiate(ts, kinds):
+    """(Co)tangents as arrays for the linear operands of a primitive: symbolic zeros become
+    zeros, or an empty vector where the operand is a statistics cotangent."""
+    return [jnp.zeros((0,), t.aval.dtype) if type(t) is ad.Zero and k == DS
+            else ad.instantiate_zeros(t) for t, k in zip(ts, kinds)]
+
+
 # ---- jvp of the forward primitives: their tangent primitives --------------------------------
 
 def _fwd_jvp(primals, tangents, *, shape, eps, centered):
@@ -336,14 +349,14 @@ ad.primitive_jvps[norm_infer_p] = _infer_jvp
 
 def _linear_jvp(name):
     prim, ref = _PRIMS[name], _REFS[name]
-    _, out_kinds, _, n_lin = _SPECS[name]
+    in_kinds, out_kinds, _, n_lin = _SPECS[name]
 
     def jvp(primals, tangents, **params):
         out = _as_list(prim.bind(*primals, **params))
         lin, res = primals[:n_lin], primals[n_lin:]
         parts = []
         if any(type(t) is not ad.Zero for t in tangents[:n_lin]):
-            t_lin = [ad.instantiate_zeros(t) for t in tangents[:n_lin]]
+            t_lin = _instantiate(tangents[:n_lin], in_kinds)
             parts.append(_as_list(prim.bind(*t_lin, *res, **params)))
         if any(type(t) is not ad.Zero for t in tangents[n_lin:]):
             t_res = [ad.instantiate_zeros(t) for t in tangents[n_lin:]]
@@ -361,17 +374,17 @@ def _linear_jvp(name):
 def _transposer(name, other):
     """Transpose of linear primitive `name` is primitive `other` (same residuals)."""
     n_lin, other_prim = _SPECS[name][3], _PRIMS[other]
-    n_in_other = _SPECS[other][3]
+    other_kinds, n_in_other = _SPECS[other][0], _SPECS[other][3]
 
     def transpose(cts, *args, **params):
         cts = _as_list(cts)[:n_in_other]
         res = args[n_lin:]
         if any(ad.is_undefined_primal(r) for r in res):
             raise NotImplementedError(f"jaxdnn {name}: transpose with respect to saved values")
-        cts = [ad.instantiate_zeros(c) for c in cts]
-        outs = _as_list(other_prim.bind(*cts, *res, **params))[:n_lin]
-        return [o if ad.is_undefined_primal(a) else None for o, a in zip(outs, args[:n_lin])] + \
-            [None] * len(res)
+        outs = _as_list(other_prim.bind(*_instantiate(cts, other_kinds), *res, **params))[:n_lin]
+        # (an empty statistics cotangent operand is no input: its cotangent is zero)
+        return [o if ad.is_undefined_primal(a) and a.aval.shape == o.shape else None
+                for o, a in zip(outs, args[:n_lin])] + [None] * len(res)
 
     return transpose
 
