@@ -21,8 +21,8 @@ import numpy as np
 
 
 import jaxdnn
-from common import (bandwidth_row, best_times, default_trials, geomean, keep_freed_host_memory,
-                    rotating_inputs, rotation_for, write_results)
+from common import (add_row_args, bandwidth_row, best_times, default_trials, geomean,
+                    keep_freed_host_memory, rotating_inputs, rotation_for, write_results)
 
 OPS = {
     "relu": (jaxdnn.relu, jax.nn.relu),
@@ -72,11 +72,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", type=int, nargs="+", default=None)
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--trials", type=int, default=None,
-                        help="interleaved rounds, best kept (default: 3 on the CPU, 1 on a GPU)")
-    parser.add_argument("--note", default="", help="appended to the notes of the results table")
+    add_row_args(parser)
     args = parser.parse_args()
     keep_freed_host_memory()
     on_gpu = jax.devices()[0].platform == "gpu"

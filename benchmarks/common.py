@@ -95,6 +95,16 @@ def default_trials(trials: int | None, platform: str | None = None) -> int:
     return trials or (3 if (platform or jax.devices()[0].platform) == "cpu" else 1)
 
 
+def add_row_args(parser) -> None:
+    """The options of the benchmarks over one (rows, columns) tensor: --dtypes, --repeats,
+    --trials (see default_trials) and --note."""
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=None,
+                        help="interleaved rounds, best kept (default: 3 on the CPU, 1 on a GPU)")
+    parser.add_argument("--note", default="", help="appended to the notes of the results table")
+
+
 def rotating_inputs(make: Callable[[np.random.Generator], tuple], rotate: int, seed: int = 0,
                     device=None) -> list[tuple]:
     """`rotate` independent random input tuples, placed on `device`."""
