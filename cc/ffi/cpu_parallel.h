@@ -2,7 +2,7 @@
 //
 // The calling thread takes part: tasks are claimed from a shared counter by the caller and by
 // up to num_threads-1 scheduled helpers, and the caller returns once every task has finished
-// (spinning for the helpers' last tasks for up to kSpin before it blocks on a condition variable).
+// (polling for the helpers' last tasks for up to kPoll before it blocks on a condition variable).
 // A helper that starts late finds no task left and returns without touching `fn`; the counters
 // it reads live in a shared_ptr, so they outlive the call.
 #pragma once
@@ -14,21 +14,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "cc/common/parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxdnn::ffi_util {
-
-// A pause for spin loops.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 class FfiParallel final : public Parallel {
  public:
@@ -38,11 +30,13 @@ class FfiParallel final : public Parallel {
     return int(std::max<int64_t>(1, pool_.num_threads()));
   }
 
-  // How long the caller spins for the helpers' last tasks before it blocks. A helper that has
-  // claimed a task finishes it within one task's time, and a blocked caller's wake-up (futex)
-  // cost 5-25 us an op on the 2-core VM: relu float32 256x1024 72.3 -> 48.1 us, 1024x4096
-  // 1243 -> 906, bfloat16 256x1024 51.7 -> 33.8 (benchmarks/NOTES.md, session 31).
-  static constexpr std::chrono::microseconds kSpin{200};
+  // How long the caller polls for the helpers' last tasks, yielding its core between polls,
+  // before it blocks. A helper that has claimed a task finishes it within one task's time, and
+  // a blocked caller's wake-up (futex) cost 5-25 us an op on the 2-core VM; yielding rather
+  // than spinning with pause leaves the core to whichever thread XLA runs beside the caller.
+  // relu float32 256x1024 49.8 -> 35.5 us, 1024x4096 1195 -> 905, gelu bfloat16 256x1024 151 ->
+  // 134, maxpool 3x3/2 bfloat16 forward 864 -> 830 (a pause spin: 955); NOTES.md, session 31.
+  static constexpr std::chrono::microseconds kPoll{200};
 
   void for_each(int64_t n, const std::function<void(int64_t)>& fn) const override {
     const int helpers = int(std::min<int64_t>(n, num_threads())) - 1;
@@ -70,9 +64,9 @@ class FfiParallel final : public Parallel {
       pool_.Schedule(std::move(task));
     }
     work();
-    const auto until = std::chrono::steady_clock::now() + kSpin;
+    const auto until = std::chrono::steady_clock::now() + kPoll;
     while (shared->finished.load() != n && std::chrono::steady_clock::now() < until)
-      for (int i = 0; i < 32; ++i) cpu_relax();
+      std::this_thread::yield();
     std::unique_lock<std::mutex> lock(shared->mu);
     shared->cv.wait(lock, [&] { return shared->finished.load() == n; });
   }
