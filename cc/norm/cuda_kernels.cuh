@@ -106,6 +106,14 @@ __device__ __forceinline__ void store_params(Acc* p, const Acc (&in)[VEC]) {
   }
 }
 
+// Values [h * U, (h + 1) * U) of a register array, viewed as an array of U (for unit-wise loads
+// and stores; h is a constant after unrolling, so the view stays in registers).
+template <int U, typename Acc, int VEC>
+__device__ __forceinline__ Acc (&part(Acc (&v)[VEC], int h))[U] {
+  static_assert(VEC % U == 0, "whole units");
+  return *reinterpret_cast<Acc(*)[U]>(v + h * U);
+}
+
 // Moments (count, mean, sum of squared deviations) and Chan et al.'s parallel update.
 template <typename Acc>
 struct Moments {

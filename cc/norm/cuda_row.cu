@@ -181,12 +181,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
   const auto unit = [&](int i, int h) { return sscale + (i * kSub + h) * threads * U; };
   const auto scale_of = [&](int i, Acc (&g)[VEC]) {
 #pragma unroll
-    for (int h = 0; h < kSub; ++h) {
-      Acc u[U];
-      load_params(unit(i, h), u);
-#pragma unroll
-      for (int e = 0; e < U; ++e) g[h * U + e] = u[e];
-    }
+    for (int h = 0; h < kSub; ++h) load_params(unit(i, h), part<U>(g, h));
   };
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
@@ -194,12 +189,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
     Acc g[VEC];
     load_params(scale + i * pitch, g);
 #pragma unroll
-    for (int h = 0; h < kSub; ++h) {
-      Acc u[U];
-#pragma unroll
-      for (int e = 0; e < U; ++e) u[e] = g[h * U + e];
-      store_params(unit(i, h), u);
-    }
+    for (int h = 0; h < kSub; ++h) store_params(unit(i, h), part<U>(g, h));
   }
   // This row group's rows: first, first + RPB, ... < p1 (p-indices); j counts them. Row j is
   // row(j) and its values start at element row(j) * K.
