@@ -35,6 +35,7 @@ import numpy as np
 from jax import lax
 
 import jaxdnn
+from jaxdnn.tuning import device_identity
 
 MIN_BATCH_S = 0.02
 
@@ -330,17 +331,6 @@ def timing_note(trials: int, repeats: int) -> str:
             f"{max(1, repeats // 5)} calls, each call one jit over rotating input sets.")
 
 
-def _host_cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def environment() -> dict:
     dev = jax.devices()[0]
     return {
@@ -349,7 +339,7 @@ def environment() -> dict:
         "platform": dev.platform,
         "jax": jax.__version__,
         "cpu_count": os.cpu_count(),
-        "host_cpu": _host_cpu(),
+        "host_cpu": device_identity("cpu").rsplit(" x", 1)[0],  # the model
         "python": platform.python_version(),
         "method": METHOD,
     }

@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import bench_activation  # noqa: E402
 import bench_norm  # noqa: E402
 import bench_pool  # noqa: E402
+from common import conv_direction_fn  # noqa: E402
 import jaxdnn  # noqa: E402
 
 COPIES = 4  # distinct inputs per jitted call, as the benchmarks rotate them
@@ -107,15 +108,8 @@ def depthwise_case(name, dtype):
     ref = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn,
                                                 feature_group_count=c)
 
-    def direction_of(f):
-        if direction == "fwd":
-            return lambda x, w, dy: f(x, w)
-        if direction == "bwd_data":
-            return lambda x, w, dy: jax.vjp(lambda x: f(x, w), x)[1](dy)[0]
-        return lambda x, w, dy: jax.vjp(lambda w: f(x, w), w)[1](dy)[0]
-
     args = [tuple(jnp.asarray(a + i, dtype) for a in (x, w, dy)) for i in range(COPIES)]
-    return direction_of(ours), direction_of(ref), args
+    return conv_direction_fn(ours, direction), conv_direction_fn(ref, direction), args
 
 
 def activation_case(name, dtype):
