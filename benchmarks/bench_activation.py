@@ -2,12 +2,13 @@
 
     python benchmarks/bench_activation.py [--shape 32768 4096] [--ops relu gelu] [--repeats 20]
 
-Both directions, float32 and bfloat16. GB/s are of minimal traffic: forward reads x and writes
-y (2N elements); backward reads x and dy and writes dx (3N). The backward is
-``jit(lambda x, dy: vjp(f, x)[1](dy))`` for both sides: XLA fuses jax.nn's into one pass from x,
-and for jaxdnn the unused forward is dead code, so it is our backward kernel alone.
-Default shape: 32768x4096 on a GPU (the issue's), 1024x4096 on a CPU (16 MiB of float32, past
-the caches of a small machine once rotated).
+float32 and bfloat16, three directions (benchmarks/common.py DIRECTIONS_NOTE): fwd; fwd+bwd,
+jit(value_and_grad(lambda x: sum(f(x) * ct))) on both sides; bwd (same inputs),
+jit(lambda x, dy: vjp(f, x)[1](dy)) on both sides, which starts from x and dy on both: XLA
+fuses jax.nn's into one pass from x, and jaxdnn's unused forward is dead code, so it is our
+backward kernel alone. GB/s of minimal traffic: fwd reads x and writes y (2N elements); fwd+bwd
+and bwd read x and ct (dy) and write dx (3N). Default shape: 32768x4096 on a GPU, 1024x4096 on
+a CPU (16 MiB of float32, past the caches of a small machine once rotated).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 import jaxdnn
-from common import (add_row_args, bandwidth_row, best_times, default_trials, geomean,
-                    keep_freed_host_memory, rotating_inputs, rotation_for, write_results)
+from common import (BANDWIDTH_COLUMNS, BWD_SAME, DIRECTIONS_NOTE, FWD, FWD_BWD, add_row_args,
+                    backward, compare, default_trials, fwd_bwd, geomeans_note,
+                    keep_freed_host_memory, rotating_inputs, rotation_for, timing_note,
+                    write_results)
 
 OPS = {
     "relu": (jaxdnn.relu, jax.nn.relu),
@@ -38,33 +40,22 @@ OPS = {
     "softplus": (jaxdnn.softplus, jax.nn.softplus),
 }
 
-COLUMNS = ["op", "dtype", "direction", "shape", "jaxdnn_us", "xla_us", "jaxdnn_GBps", "xla_GBps",
-           "ratio"]
-
-
-def backward(f):
-    return lambda x, dy: jax.vjp(f, x)[1](dy)[0]
-
 
 def run(shape, ops, dtypes, repeats, trials):
     rows = []
-    device = jax.devices()[0]
+    n = int(np.prod(shape))
     for dtype in dtypes:
-        itemsize = np.dtype(dtype).itemsize
-        n = int(np.prod(shape))
-        rotate = rotation_for(3 * n * itemsize)
-        inputs = rotating_inputs(
-            lambda rng: (np.asarray(rng.standard_normal(shape) * 2, dtype),
-                         np.asarray(rng.standard_normal(shape), dtype)), rotate, device=device)
+        nbytes = n * np.dtype(dtype).itemsize
+        inputs = rotating_inputs(lambda normal: (normal(shape, dtype) * 2, normal(shape, dtype)),
+                                 rotation_for(3 * nbytes))
         fwd_inputs = [(x,) for x, _ in inputs]
         for name in ops:
             ours, ref = OPS[name]
-            for direction, elems, args, wrap in (("fwd", 2 * n, fwd_inputs, lambda f: f),
-                                                  ("bwd", 3 * n, inputs, backward)):
-                t_ours, t_ref = best_times(wrap(ours), wrap(ref), args, args, trials, repeats)
-                rows.append(bandwidth_row(name, dtype, direction, shape, elems * itemsize,
-                                          t_ours, t_ref))
-                print(rows[-1], flush=True)
+            for direction, wrap, args, traffic in ((FWD, lambda f: f, fwd_inputs, 2),
+                                                   (FWD_BWD, fwd_bwd, inputs, 3),
+                                                   (BWD_SAME, backward, inputs, 3)):
+                rows.append(compare(name, dtype, direction, shape, wrap(ours), wrap(ref), args,
+                                    traffic * nbytes, trials, repeats))
     return rows
 
 
@@ -77,15 +68,14 @@ def main():
     keep_freed_host_memory()
     on_gpu = jax.devices()[0].platform == "gpu"
     shape = tuple(args.shape) if args.shape else ((32768, 4096) if on_gpu else (1024, 4096))
-    dtypes = [jnp.dtype(d) for d in args.dtypes]
     trials = default_trials(args.trials)
-    rows = run(shape, args.ops, dtypes, args.repeats, trials)
-    notes = ("GB/s of minimal traffic: fwd 2N elements (read x, write y), bwd 3N (read x and dy, "
-             "write dx). ratio = xla_us / jaxdnn_us (> 1: jaxdnn faster). bwd = "
-             f"jit(vjp(f, x)(dy)) for both. Times: best of {trials} interleaved rounds of "
-             "`repeats` calls. Geomean ratio: "
-             f"{geomean([r['ratio'] for r in rows]):.3f}. {args.note}".strip())
-    write_results("activation", rows, COLUMNS, notes=notes)
+    rows = run(shape, args.ops, [jnp.dtype(d) for d in args.dtypes], args.repeats, trials)
+    notes = (f"{DIRECTIONS_NOTE} Here {BWD_SAME} = jit(lambda x, dy: vjp(f, x)[1](dy)): both "
+             "sides start from x and dy. GB/s of minimal traffic: fwd 2N elements (read x, "
+             f"write y), {FWD_BWD} and {BWD_SAME} 3N (read x and ct, write dx). ratio = xla_us / "
+             f"jaxdnn_us (> 1: jaxdnn faster). {geomeans_note(rows)} "
+             f"{timing_note(trials, args.repeats)} {args.note}").strip()
+    write_results("activation", rows, BANDWIDTH_COLUMNS, notes=notes, out_dir=args.out_dir)
 
 
 if __name__ == "__main__":

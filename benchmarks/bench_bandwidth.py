@@ -43,8 +43,7 @@ def main():
     dev = jax.devices()[0]
     for mb in SIZES_MB if dev.platform == "gpu" else (64,):
         n = mb * (1 << 20) // 4
-        inputs = rotating_inputs(lambda rng: (rng.standard_normal(n, dtype=np.float32),),
-                                 rotation_for(4 * n), device=dev)
+        inputs = rotating_inputs(lambda normal: (normal((n,)),), rotation_for(4 * n), device=dev)
         t = time_op(lambda x: -x, inputs, repeats=20)
         row = {"MB": mb, "xla_neg_us": t * 1e6, "xla_neg_GBps": 2 * 4 * n / t / 1e9}
         copy = torch_copy_gbps(4 * n) if dev.platform == "gpu" else None

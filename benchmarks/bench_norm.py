@@ -5,12 +5,14 @@
     python benchmarks/bench_norm.py --ops layer_norm,batch_norm --dtypes bfloat16
     python benchmarks/bench_norm.py --ops layer_norm,rms_norm --rows 8192x16384  # other rows
 
-Reports GB/s of minimal traffic (forward: read x + write y; backward: read x, dy + write dx;
-parameters and statistics are negligible) and the time ratio XLA / jaxdnn (> 1: jaxdnn is
-faster). The backward is timed alone: each side's vjp function, holding the residuals its own
-forward saved, is applied to a cotangent inside one jitted call. The references follow flax's
-defaults (statistics in float32 for 16-bit inputs, variance as E[x^2] - E[x]^2); each row also
-reports jaxdnn's relative L2 error against a float32 two-pass reference, as a sanity check.
+Two directions (benchmarks/common.py DIRECTIONS_NOTE): fwd, and fwd+bwd as a training step runs
+it, jit(value_and_grad(lambda x, s, b: sum(norm(x, s, b) * ct), argnums=(0, 1, 2))) on both
+sides, so that XLA may recompute what the flax-style reference would otherwise save (three
+float32 tensors for the backward, even for bfloat16 inputs). Reports GB/s of minimal traffic
+(fwd: read x + write y; fwd+bwd: read x and ct + write dx; parameters and statistics are
+negligible) and the time ratio XLA / jaxdnn (> 1: jaxdnn is faster). The references follow
+flax's defaults (statistics in float32 for 16-bit inputs, variance as E[x^2] - E[x]^2); each row
+also reports jaxdnn's relative L2 error, as a sanity check.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-
 import jaxdnn
-from common import (best_times, default_trials, geomean, keep_freed_host_memory, rotating_inputs,
-                    rotation_for, write_results)
+from common import (BANDWIDTH_COLUMNS, DIRECTIONS_NOTE, FWD, FWD_BWD, add_row_args, compare,
+                    default_trials, fwd_bwd, geomeans_note, keep_freed_host_memory,
+                    rotating_inputs, rotation_for, timing_note, write_results)
 
 EPS = 1e-5
 
@@ -137,58 +139,38 @@ def _rel_l2(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def make_inputs(shape, pshape, n_stats, dtype, rng):
-    """(x, scale, bias[, mean, var]) of one case, random."""
-    x = jnp.asarray(rng.standard_normal(shape, np.float32) * 2 + 0.5, dtype)
-    params = [jnp.asarray(rng.standard_normal(pshape, np.float32)) for _ in range(2)]
+def make_inputs(shape, pshape, n_stats, dtype, normal):
+    """(x, scale, bias[, mean, var], ct) of one case, random; normal(shape, dtype) draws standard
+    normal values (benchmarks/common.py rotating_inputs)."""
+    x = (normal(shape) * 2 + 0.5).astype(dtype)
+    params = [normal(pshape) for _ in range(2)]
     if n_stats:
-        params += [jnp.asarray(rng.standard_normal(pshape, np.float32)),
-                   jnp.asarray(rng.random(pshape, np.float32) + 0.5)]
-    return (x, *params)
+        params += [normal(pshape), jnp.abs(normal(pshape)) + 0.5]
+    return (x, *params, normal(shape, dtype))
 
 
-def bench_case(case, dtype, directions, device, trials):
+def bench_case(case, dtype, directions, device, trials, repeats):
     name, layout, shape, ours, ref, n_stats = case
     pshape = _param_shape(name, layout, shape)
     nbytes = math.prod(shape) * jnp.dtype(dtype).itemsize
-
-    rot = rotation_for(3 * nbytes)
-    inputs = rotating_inputs(lambda rng: make_inputs(shape, pshape, n_stats, dtype, rng), rot,
-                             device=device)
+    inputs = rotating_inputs(lambda normal: make_inputs(shape, pshape, n_stats, dtype, normal),
+                             rotation_for(3 * nbytes), device=device)
     first = lambda out: out[0] if isinstance(out, tuple) else out
-    rows = []
-    if "fwd" in directions:
-        t_ours, t_ref = best_times(ours, ref, inputs, inputs, trials)
-        exact = jax.jit(lambda *a: first(ref(*a, fast=False)))(*inputs[0])
-        err = _rel_l2(jax.jit(lambda *a: first(ours(*a)))(*inputs[0]), exact)
-        rows.append(dict(direction="fwd", ours=2 * nbytes / t_ours / 1e9,
-                         xla=2 * nbytes / t_ref / 1e9, ratio=t_ref / t_ours, err=err,
-                         us=t_ours * 1e6))
-    if "bwd" in directions:
-        def vjps(f):
-            @jax.jit
-            def make_vjp(*args):
-                out, vjp = jax.vjp(f, *args)
-                return out, vjp
-            res = []
-            for i, args in enumerate(inputs):
-                out, vjp = make_vjp(*args)
-                cts = jax.tree_util.tree_map(
-                    lambda o: jnp.asarray(np.random.default_rng(100 + i).standard_normal(
-                        o.shape, np.float32), o.dtype), out)
-                res.append((vjp, cts))
-            return res
 
-        apply = lambda vjp, cts: vjp(cts)
-        ours_in, ref_in = vjps(ours), vjps(ref)
-        t_ours, t_ref = best_times(apply, apply, ours_in, ref_in, trials)
-        err = _rel_l2(jax.jit(apply)(*ours_in[0])[0], jax.jit(apply)(*ref_in[0])[0])
-        rows.append(dict(direction="bwd", ours=3 * nbytes / t_ours / 1e9,
-                         xla=3 * nbytes / t_ref / 1e9, ratio=t_ref / t_ours, err=err,
-                         us=t_ours * 1e6))
-    for r in rows:
-        r.update(op=name, layout=layout, shape="x".join(map(str, shape)),
-                 dtype=jnp.dtype(dtype).name)
+    def row(direction, f_ours, f_ref, args, traffic, err):
+        return compare(name, dtype, direction, shape, f_ours, f_ref, args, traffic * nbytes,
+                       trials, repeats, layout=layout) | {"err": err}
+
+    rows = []
+    if FWD in directions:
+        args = [a[:-1] for a in inputs]
+        exact = jax.jit(lambda *a: first(ref(*a, fast=False)))(*args[0])
+        err = _rel_l2(jax.jit(lambda *a: first(ours(*a)))(*args[0]), exact)
+        rows.append(row(FWD, ours, ref, args, 2, err))
+    if FWD_BWD in directions:
+        steps = [fwd_bwd(f, argnums=(0, 1, 2)) for f in (ours, ref)]
+        dx_ours, dx_ref = (jax.jit(s)(*inputs[0])[1][0] for s in steps)
+        rows.append(row(FWD_BWD, *steps, inputs, 3, _rel_l2(dx_ours, dx_ref)))
     return rows
 
 
@@ -206,12 +188,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--platform", default=None, help="cpu or gpu (default: jax's default)")
     parser.add_argument("--ops", default=None, help="comma-separated op names")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--directions", default="fwd,bwd")
+    parser.add_argument("--directions", default=f"{FWD},{FWD_BWD}")
     parser.add_argument("--rows", default=None, type=_row_shape,
                         help="layer/rms norm shape RxK; its table is saved as norm_rows<K>")
-    parser.add_argument("--trials", type=int, default=None,
-                        help="interleaved repeats, best kept (default: 3 on the CPU, 1 on a GPU)")
+    add_row_args(parser)
     args = parser.parse_args()
     keep_freed_host_memory()
     platform = args.platform or jax.default_backend()
@@ -224,19 +204,20 @@ def main():
         for case in cases(platform, args.rows):
             if ops and case[0] not in ops:
                 continue
-            for dt in args.dtypes.split(","):
-                for r in bench_case(case, jnp.dtype(dt), directions, device, trials):
-                    print(f"{r['op']:>22} {r['layout']:>5} {r['dtype']:>9} {r['direction']} "
-                          f"jaxdnn {r['ours']:7.1f} GB/s  xla {r['xla']:7.1f} GB/s  "
-                          f"ratio {r['ratio']:5.2f}  err {r['err']:.1e}", flush=True)
-                    rows.append(r)
-    notes = ("GB/s of minimal traffic: fwd 2*bytes(x), bwd 3*bytes(x). ratio = XLA time / "
-             f"jaxdnn time; geomean ratio {geomean([r['ratio'] for r in rows]):.2f}. err: "
-             "jaxdnn's relative L2 error against a float32 two-pass reference (fwd) or the XLA "
-             "path's dx (bwd).")
+            for dt in args.dtypes:
+                rows += bench_case(case, jnp.dtype(dt), directions, device, trials,
+                                   args.repeats)
+    notes = (f"{DIRECTIONS_NOTE} Parameters with a gradient: x, scale and bias (also for "
+             "batch_norm_inference: a frozen-statistics fine-tune). No backward-only rows: the "
+             "two sides' vjps keep different tensors (the flax-style reference saves float32 "
+             "intermediates). GB/s of minimal traffic: fwd 2*bytes(x) (read x, write y), "
+             "fwd+bwd 3*bytes(x) (read x and ct, write dx); parameters and statistics "
+             f"neglected. ratio = XLA time / jaxdnn time. {geomeans_note(rows)} err: jaxdnn's "
+             "relative L2 error against a float32 two-pass reference (fwd) or the XLA path's dx "
+             f"(fwd+bwd). {timing_note(trials, args.repeats)} {args.note}").strip()
     name = f"norm_rows{args.rows[1]}" if args.rows else "norm"
-    write_results(name, rows, ["op", "layout", "shape", "dtype", "direction", "us", "ours",
-                                 "xla", "ratio", "err"], notes=notes)
+    write_results(name, rows, ["op", "layout"] + BANDWIDTH_COLUMNS[1:] + ["err"], notes=notes,
+                  out_dir=args.out_dir)
 
 
 if __name__ == "__main__":

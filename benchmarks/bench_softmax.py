@@ -3,12 +3,13 @@ process.
 
     python benchmarks/bench_softmax.py [--shape 32768 4096] [--extra] [--repeats 20]
 
-Both directions, float32 and bfloat16, over the last axis. GB/s are of minimal traffic: forward
-reads x and writes y (2N elements); backward reads y and dy and writes dx (3N). The backward is
-the vjp function each implementation returns, applied to dy under jit: it runs from the
-residuals that implementation saved (y for jaxdnn; y and the row statistics for jax.nn).
-Default shape: 32768x4096 on a GPU (the issue's), 1024x4096 on a CPU. --extra adds rows that
-take the other GPU paths: 262144x256 (a warp per row) and 1024x65536 (the online kernel).
+float32 and bfloat16 over the last axis, two directions (benchmarks/common.py DIRECTIONS_NOTE):
+fwd and fwd+bwd, jit(value_and_grad(lambda x: sum(f(x) * ct))) on both sides. There are no
+backward-only rows: the two sides save different tensors for the backward (jaxdnn y, jax.nn
+its own intermediates and row statistics). GB/s of minimal traffic: fwd reads x and writes y
+(2N elements), fwd+bwd reads x and ct and writes dx (3N). Default shape: 32768x4096 on a GPU,
+1024x4096 on a CPU. --extra adds rows that take the other GPU paths: 262144x256 (a warp per
+row) and 1024x65536 (the online kernel).
 """
 
 from __future__ import annotations
@@ -19,44 +20,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 import jaxdnn
-from common import (add_row_args, bandwidth_row, best_times, default_trials, geomean,
-                    keep_freed_host_memory, rotating_inputs, rotation_for, write_results)
+from common import (BANDWIDTH_COLUMNS, DIRECTIONS_NOTE, FWD, FWD_BWD, add_row_args, compare,
+                    default_trials, fwd_bwd, geomeans_note, keep_freed_host_memory,
+                    rotating_inputs, rotation_for, timing_note, write_results)
 
 FUNCS = {"softmax": (jaxdnn.softmax, jax.nn.softmax),
          "log_softmax": (jaxdnn.log_softmax, jax.nn.log_softmax)}
 
-COLUMNS = ["op", "dtype", "direction", "shape", "jaxdnn_us", "xla_us", "jaxdnn_GBps", "xla_GBps",
-           "ratio"]
-
-
-def _apply_vjp(vjp_fn, dy):
-    return vjp_fn(dy)[0]
-
 
 def run(shapes, dtypes, repeats, trials):
     rows = []
-    device = jax.devices()[0]
     for shape in shapes:
         n = int(np.prod(shape))
         for dtype in dtypes:
-            itemsize = np.dtype(dtype).itemsize
-            rotate = rotation_for(3 * n * itemsize)
+            nbytes = n * np.dtype(dtype).itemsize
             inputs = rotating_inputs(
-                lambda rng: (np.asarray(rng.standard_normal(shape) * 3, dtype),
-                             np.asarray(rng.standard_normal(shape), dtype)), rotate, device=device)
+                lambda normal: (normal(shape, dtype) * 3, normal(shape, dtype)),
+                rotation_for(3 * nbytes))
             fwd_inputs = [(x,) for x, _ in inputs]
             for name, (ours, ref) in FUNCS.items():
-                times = {"fwd": best_times(ours, ref, fwd_inputs, fwd_inputs, trials, repeats)}
-                vjps = [[(jax.vjp(jax.jit(f), x)[1], dy) for x, dy in inputs] for f in (ours, ref)]
-                times["bwd"] = best_times(_apply_vjp, _apply_vjp, *vjps, trials, repeats)
-                del vjps
-                for direction, elems in (("fwd", 2 * n), ("bwd", 3 * n)):
-                    t_ours, t_ref = times[direction]
-                    rows.append(bandwidth_row(name, dtype, direction, shape,
-                                              elems * itemsize, t_ours, t_ref))
-                    print(rows[-1], flush=True)
+                rows.append(compare(name, dtype, FWD, shape, ours, ref, fwd_inputs, 2 * nbytes,
+                                    trials, repeats))
+                rows.append(compare(name, dtype, FWD_BWD, shape, fwd_bwd(ours), fwd_bwd(ref),
+                                    inputs, 3 * nbytes, trials, repeats))
     return rows
 
 
@@ -73,12 +60,11 @@ def main():
         shapes += [(262144, 256), (1024, 65536)]
     trials = default_trials(args.trials)
     rows = run(shapes, [jnp.dtype(d) for d in args.dtypes], args.repeats, trials)
-    notes = ("GB/s of minimal traffic: fwd 2N elements (read x, write y), bwd 3N (read y and dy, "
-             "write dx). ratio = xla_us / jaxdnn_us (> 1: jaxdnn faster). bwd = each "
-             "implementation's vjp function (its saved residuals) applied to dy. Times: best of "
-             f"{trials} interleaved rounds of `repeats` calls. Geomean ratio: "
-             f"{geomean([r['ratio'] for r in rows]):.3f}. {args.note}".strip())
-    write_results("softmax", rows, COLUMNS, notes=notes)
+    notes = (f"{DIRECTIONS_NOTE} No backward-only rows: the two sides' vjps keep different "
+             "tensors. GB/s of minimal traffic: fwd 2N elements (read x, write y), fwd+bwd 3N "
+             "(read x and ct, write dx). ratio = xla_us / jaxdnn_us (> 1: jaxdnn faster). "
+             f"{geomeans_note(rows)} {timing_note(trials, args.repeats)} {args.note}").strip()
+    write_results("softmax", rows, BANDWIDTH_COLUMNS, notes=notes, out_dir=args.out_dir)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,20 @@
   synchronisation (~0.1 ms on a GPU) stays small against it.
 * jaxdnn and the jax.lax / jax.nn path run in the same process on the same inputs, and the
   tables report their ratio (> 1 means jaxdnn is faster).
+* The headline rows are what a user runs: the forward alone, and forward + backward as
+  `jax.jit(jax.value_and_grad(...))` of a loss on both sides (fwd_bwd), XLA free to fuse and to
+  recompute. Backward-only rows appear only where both sides start from the same tensors.
 * Host memory freed by one call is kept for the next (keep_freed_host_memory): the timings are
   of the kernels, not of the kernel's page faults on fresh output pages.
+* Each table is written as benchmarks/results/<name>-<platform>-<device>.{md,json}: one file
+  per (benchmark, device), replaced by the next run (git keeps the earlier ones). The JSON's
+  environment carries `method` (METHOD); benchmarks/report.py renders README tables from them.
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -23,10 +30,30 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+import jaxdnn
+from jaxdnn.tuning import device_identity
 
 MIN_BATCH_S = 0.02
+
+# The methodology a table was measured with, recorded in its JSON environment. 2: fwd+bwd
+# headline rows under jit(value_and_grad) (conv: a "train" row per layer), backward-only rows
+# only from the same inputs on both sides, CPU time and threads beside wall time. Tables
+# without the field predate it.
+METHOD = 2
+
+FWD, FWD_BWD, BWD_SAME = "fwd", "fwd+bwd", "bwd (same inputs)"
+
+DIRECTIONS_NOTE = (
+    f"Directions: {FWD} = the op alone; {FWD_BWD} = jax.jit(jax.value_and_grad(lambda x, *p: "
+    "jnp.sum(op(x, *p) * ct))) with the gradient of x and the op's trainable parameters, on both "
+    "sides: the forward and the backward a training step runs, XLA free to fuse and to recompute "
+    "(so the loss reduction is part of it; XLA may fuse the forward into it, while jaxdnn's "
+    f"forward writes y for it to read); {BWD_SAME} = the backward alone where both sides start "
+    "from the same tensors.")
 
 
 def keep_freed_host_memory() -> None:
@@ -47,6 +74,34 @@ def keep_freed_host_memory() -> None:
     libc.mallopt(m_mmap_threshold, 32 << 20)
 
 
+# ---- timing ---------------------------------------------------------------------------------
+
+def _jit_many(fn: Callable) -> Callable:
+    """One jitted function applying `fn` to every input tuple of a list."""
+    return jax.jit(lambda all_inputs: [fn(*args) for args in all_inputs])
+
+
+def _measure(many: Callable, inputs: Sequence[tuple], repeats: int, warmup: int,
+             batches: int) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one op: medians over `batches` of the batch means
+    of back-to-back `many(inputs)` calls, divided by the number of input sets."""
+    for _ in range(warmup):
+        jax.block_until_ready(many(inputs))
+    t0 = time.perf_counter()
+    jax.block_until_ready(many(inputs))
+    one = time.perf_counter() - t0
+    per_batch = max(1, repeats // batches, min(1000, int(MIN_BATCH_S / max(one, 1e-9)) + 1))
+    walls, cpus = [], []
+    for _ in range(batches):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(per_batch):
+            out = many(inputs)
+        jax.block_until_ready(out)
+        walls.append((time.perf_counter() - t0) / per_batch)
+        cpus.append((time.process_time() - c0) / per_batch)
+    return statistics.median(walls) / len(inputs), statistics.median(cpus) / len(inputs)
+
+
 def time_op(fn: Callable, inputs: Sequence[tuple], *, repeats: int = 20, warmup: int = 2,
             batches: int = 5) -> float:
     """Seconds of one `fn(*args)`: the median over `batches` of the mean time of back-to-back
@@ -56,37 +111,30 @@ def time_op(fn: Callable, inputs: Sequence[tuple], *, repeats: int = 20, warmup:
     calls of a 50 us op, the batch's fixed ~0.1 ms of dispatch and synchronisation was 10-20% of
     it (H200, session 12: group norm NCHW bfloat16 forward read 0.78x XLA so, 1.04x with the
     floor; a profiler trace of both kernels agrees with the latter)."""
+    return _measure(_jit_many(fn), inputs, repeats, warmup, batches)[0]
 
-    @jax.jit
-    def many(all_inputs):
-        return [fn(*args) for args in all_inputs]
 
-    for _ in range(warmup):
-        jax.block_until_ready(many(inputs))
-    t0 = time.perf_counter()
-    jax.block_until_ready(many(inputs))
-    one = time.perf_counter() - t0
-    per_batch = max(1, repeats // batches, min(1000, int(MIN_BATCH_S / max(one, 1e-9)) + 1))
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(per_batch):
-            out = many(inputs)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / per_batch)
-    return statistics.median(times) / len(inputs)
+def best_times_cpu(f_ours: Callable, f_ref: Callable, inputs_ours: Sequence[tuple],
+                   inputs_ref: Sequence[tuple], trials: int, repeats: int = 20
+                   ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((wall, cpu) of ours, (wall, cpu) of the reference): for each side the round of least
+    wall time out of `trials` rounds of time_op's measurement, the two sides alternating within a
+    round so that they share the machine's noise (noise only adds time; on a shared 2-core CPU
+    single timings of the same call move by 30-50%). cpu is the process CPU time (all threads)
+    over the same batches, so cpu / wall is the number of threads the side kept busy."""
+    manys = (_jit_many(f_ours), _jit_many(f_ref))
+    best = [(float("inf"), float("inf"))] * 2
+    for _ in range(trials):
+        for i, (many, inputs) in enumerate(zip(manys, (inputs_ours, inputs_ref))):
+            best[i] = min(best[i], _measure(many, inputs, repeats, 2, 5))
+    return best[0], best[1]
 
 
 def best_times(f_ours: Callable, f_ref: Callable, inputs_ours: Sequence[tuple],
                inputs_ref: Sequence[tuple], trials: int, repeats: int = 20) -> tuple[float, float]:
-    """Min over `trials` rounds of time_op for each side, the two alternating within a round so
-    that they share the machine's noise (noise only adds time; on a shared 2-core CPU single
-    timings of the same call move by 30-50%)."""
-    t_ours = t_ref = float("inf")
-    for _ in range(trials):
-        t_ours = min(t_ours, time_op(f_ours, inputs_ours, repeats=repeats))
-        t_ref = min(t_ref, time_op(f_ref, inputs_ref, repeats=repeats))
-    return t_ours, t_ref
+    """Wall seconds of (ours, reference), as best_times_cpu."""
+    ours, ref = best_times_cpu(f_ours, f_ref, inputs_ours, inputs_ref, trials, repeats)
+    return ours[0], ref[0]
 
 
 def default_trials(trials: int | None, platform: str | None = None) -> int:
@@ -95,25 +143,35 @@ def default_trials(trials: int | None, platform: str | None = None) -> int:
     return trials or (3 if (platform or jax.devices()[0].platform) == "cpu" else 1)
 
 
-def add_row_args(parser) -> None:
-    """The options of the benchmarks over one (rows, columns) tensor: --dtypes, --repeats,
-    --trials (see default_trials) and --note."""
+def add_row_args(parser, repeats: int | None = 20) -> None:
+    """The options of the memory-bound benchmarks: --dtypes, --repeats, --trials (see
+    default_trials), --note and --out-dir."""
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--trials", type=int, default=None,
                         help="interleaved rounds, best kept (default: 3 on the CPU, 1 on a GPU)")
     parser.add_argument("--note", default="", help="appended to the notes of the results table")
+    parser.add_argument("--out-dir", default=None,
+                        help="where the table goes (default: benchmarks/results)")
 
 
-def rotating_inputs(make: Callable[[np.random.Generator], tuple], rotate: int, seed: int = 0,
+# ---- inputs ---------------------------------------------------------------------------------
+
+_normal = jax.jit(jax.random.normal, static_argnums=(1, 2))
+
+
+def rotating_inputs(make: Callable[[Callable], tuple], rotate: int, seed: int = 0,
                     device=None) -> list[tuple]:
-    """`rotate` independent random input tuples, placed on `device`."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(rotate):
-        args = make(rng)
-        out.append(tuple(jax.device_put(a, device) for a in args))
-    return out
+    """`rotate` independent input tuples `make(normal)`, where normal(shape, dtype=float32)
+    draws standard normal values on `device` (default: jax's default device) with jax.random,
+    so that large inputs cost no host time or transfer."""
+    device = device or jax.devices()[0]
+    key = jax.device_put(jax.random.key(seed), device)
+    counter = itertools.count()
+
+    def normal(shape, dtype=jnp.float32):
+        return _normal(jax.random.fold_in(key, next(counter)), tuple(shape), jnp.dtype(dtype))
+    return [tuple(make(normal)) for _ in range(rotate)]
 
 
 def rotation_for(bytes_per_call: int, *, l2_bytes: int = 60 << 20, cap: int = 8) -> int:
@@ -121,13 +179,156 @@ def rotation_for(bytes_per_call: int, *, l2_bytes: int = 60 << 20, cap: int = 8)
     return int(min(cap, max(2, -(-3 * l2_bytes // max(bytes_per_call, 1)))))
 
 
+# ---- what is timed --------------------------------------------------------------------------
+
+def fwd_bwd(f: Callable, argnums=0) -> Callable:
+    """A training step's use of `f`: jax.value_and_grad of sum(f(*args) * ct) with respect to
+    args[argnums] (f's first output where it returns several). The result is called as
+    step(*args, ct); XLA is free to fuse and to recompute across the forward and backward."""
+    def step(*args):
+        *args, ct = args
+
+        def loss(*a):
+            y = f(*a)
+            return jnp.sum((y[0] if isinstance(y, tuple) else y) * ct)
+        return jax.value_and_grad(loss, argnums)(*args)
+    return step
+
+
+def backward(f: Callable) -> Callable:
+    """f's backward alone from (x, dy): jit(lambda x, dy: vjp(f, x)[1](dy)); the forward is
+    dead code where the backward does not need it."""
+    return lambda x, dy: jax.vjp(f, x)[1](dy)[0]
+
+
+# ---- convolution layers (bench_conv_gpu.py, bench_conv_cpu.py) ------------------------------
+
+# (name, H=W, Cin, Cout, kernel, stride, pad, groups)
+CONV_LAYERS = [
+    ("conv1_7x7s2", 224, 3, 64, 7, 2, 3, 1),
+    ("l1_1x1_64_64", 56, 64, 64, 1, 1, 0, 1),
+    ("l1_3x3_64", 56, 64, 64, 3, 1, 1, 1),
+    ("l1_1x1_64_256", 56, 64, 256, 1, 1, 0, 1),
+    ("l2_3x3_128", 28, 128, 128, 3, 1, 1, 1),
+    ("l2_1x1_512_128", 28, 512, 128, 1, 1, 0, 1),
+    ("l3_3x3_256", 14, 256, 256, 3, 1, 1, 1),
+    ("l3_1x1_256_1024", 14, 256, 1024, 1, 1, 0, 1),
+    ("l4_3x3_512", 7, 512, 512, 3, 1, 1, 1),
+    ("l4_3x3s2_256", 28, 256, 256, 3, 2, 1, 1),
+    ("dw3x3_144", 56, 144, 144, 3, 1, 1, 144),
+    ("dw7x7_96", 56, 96, 96, 7, 1, 3, 96),
+    # Not ResNet-50 (left out of its geomeans): large stride-1 filters, where the FFT competes.
+    ("x_7x7_64", 56, 64, 64, 7, 1, 3, 1),
+    ("x_7x7_128", 28, 128, 128, 7, 1, 3, 1),
+]
+
+# fwd is the convolution, bwd_data / bwd_filter the halves of its jax.vjp with a random
+# cotangent (the other operand closed over, so one kernel runs), train all three at once.
+CONV_DIRECTIONS = ("fwd", "bwd_data", "bwd_filter", "train")
+CONV_DIRECTIONS_NOTE = (
+    "fwd = the convolution; bwd_data / bwd_filter = one half of its jax.vjp applied to a random "
+    "cotangent dy (the other operand closed over, so that one backward kernel runs); train = "
+    "jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(conv(x, w) * dy), argnums=(0, 1))): the "
+    "forward and both backward kernels, XLA free to fuse, counted as 3x the forward's FLOPs.")
+
+
+def in_resnet(name: str) -> bool:
+    return not name.startswith(("dw", "x_"))
+
+
+def select_layers(spec: str, layers=CONV_LAYERS) -> list:
+    """Layers by comma-separated 1-based indices or names ("" = all of `layers`)."""
+    if not spec:
+        return list(layers)
+    by_name = {lay[0]: lay for lay in layers}
+    return [by_name[s] if s in by_name else layers[int(s) - 1] for s in spec.split(",")]
+
+
+def layer_shapes(layer, batch: int) -> tuple[tuple, tuple, tuple]:
+    """(x, w, y) shapes: NHWC, HWIO, NHWC."""
+    _, hw, cin, cout, k, stride, pad, groups = layer
+    out = (hw + 2 * pad - k) // stride + 1
+    return (batch, hw, hw, cin), (k, k, cin // groups, cout), (batch, out, out, cout)
+
+
+def conv_flops(layer, batch: int, direction: str) -> float:
+    """2*N*P*Q*K*C*R*S/groups, 3x that for train."""
+    _, _, cin, _, k, _, _, groups = layer
+    y = layer_shapes(layer, batch)[2]
+    return 2.0 * np.prod(y) * k * k * cin / groups * (3 if direction == "train" else 1)
+
+
+def conv_fns(layer, algo=None, precision=None) -> tuple[Callable, Callable]:
+    """(jaxdnn conv, lax conv) of a layer as functions of (x, w), NHWC / HWIO."""
+    _, _, _, _, _, stride, pad, groups = layer
+    padding = ((pad, pad), (pad, pad))
+
+    def ours(x, w):
+        return jaxdnn.conv(x, w, stride=stride, padding=padding, groups=groups, algo=algo,
+                           precision=precision)
+
+    def xla(x, w):
+        return lax.conv_general_dilated(x, w, (stride, stride), padding,
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                        feature_group_count=groups, precision=precision)
+    return ours, xla
+
+
+def conv_direction_fn(conv: Callable, direction: str) -> Callable:
+    """The function of (x, w, dy) timed for a direction (CONV_DIRECTIONS)."""
+    if direction == "fwd":
+        return lambda x, w, dy: conv(x, w)
+    if direction == "bwd_data":
+        return lambda x, w, dy: jax.vjp(lambda x_: conv(x_, w), x)[1](dy)[0]
+    if direction == "bwd_filter":
+        return lambda x, w, dy: jax.vjp(lambda w_: conv(x, w_), w)[1](dy)[0]
+    return fwd_bwd(conv, (0, 1))
+
+
+# ---- rows, summaries, results ---------------------------------------------------------------
+
 def bandwidth_row(op: str, dtype, direction: str, shape, nbytes: int, t_ours: float,
-                  t_ref: float) -> dict:
+                  t_ref: float, **extra) -> dict:
     """One row of a memory-bound comparison: times, GB/s of `nbytes` minimal traffic, ratio."""
     gbytes = nbytes / 1e9
-    return dict(op=op, dtype=np.dtype(dtype).name, direction=direction,
+    return dict(op=op, **extra, dtype=np.dtype(dtype).name, direction=direction,
                 shape="x".join(map(str, shape)), jaxdnn_us=t_ours * 1e6, xla_us=t_ref * 1e6,
                 jaxdnn_GBps=gbytes / t_ours, xla_GBps=gbytes / t_ref, ratio=t_ref / t_ours)
+
+
+BANDWIDTH_COLUMNS = ["op", "dtype", "direction", "shape", "jaxdnn_us", "xla_us", "jaxdnn_GBps",
+                     "xla_GBps", "ratio"]
+
+
+def compare(op: str, dtype, direction: str, shape, f_ours: Callable, f_ref: Callable,
+            inputs: Sequence[tuple], nbytes: int, trials: int, repeats: int, **extra) -> dict:
+    """Times both sides of one memory-bound row on the same inputs (best_times), prints and
+    returns its bandwidth_row."""
+    t_ours, t_ref = best_times(f_ours, f_ref, inputs, inputs, trials, repeats)
+    row = bandwidth_row(op, dtype, direction, shape, nbytes, t_ours, t_ref, **extra)
+    print(" ".join(f"{k}={_fmt(v)}" for k, v in row.items()), flush=True)
+    return row
+
+
+def geomeans_by(rows: Sequence[dict], key: str, value: str = "ratio") -> dict:
+    """{rows[key]: geomean of rows[value]} in order of first appearance."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(r[key], []).append(r[value])
+    return {k: geomean(v) for k, v in groups.items()}
+
+
+def geomeans_note(rows: Sequence[dict], key: str = "direction") -> str:
+    """'Geomean ratio by direction: fwd 1.10 (20 rows), ...'."""
+    counts = {k: sum(r[key] == k for r in rows) for k in geomeans_by(rows, key)}
+    return f"Geomean ratio by {key}: " + ", ".join(
+        f"{k} {g:.3f} ({counts[k]} rows)" for k, g in geomeans_by(rows, key).items()) + "."
+
+
+def timing_note(trials: int, repeats: int) -> str:
+    return (f"Timing: benchmarks/common.py, best of {trials} interleaved round(s); a round = "
+            f"median of 5 batch means, a batch >= {MIN_BATCH_S * 1e3:.0f} ms and >= "
+            f"{max(1, repeats // 5)} calls, each call one jit over rotating input sets.")
 
 
 def environment() -> dict:
@@ -138,23 +339,32 @@ def environment() -> dict:
         "platform": dev.platform,
         "jax": jax.__version__,
         "cpu_count": os.cpu_count(),
+        "host_cpu": device_identity("cpu").rsplit(" x", 1)[0],  # the model
         "python": platform.python_version(),
+        "method": METHOD,
     }
+
+
+def results_base(name: str, env: dict, out_dir: str | None = None) -> str:
+    """benchmarks/results/<name>-<platform>-<device>, the path of a table without extension."""
+    out_dir = out_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    slug = env["device"].replace(" ", "_").replace("/", "_")
+    return os.path.join(out_dir, f"{name}-{env['platform']}-{slug}")
 
 
 def write_results(name: str, rows: list[dict], columns: Sequence[str], *, notes: str = "",
                   out_dir: str | None = None, env: dict | None = None) -> str:
     """Writes `rows` as a markdown table (with the environment: this machine's, or `env` for
-    results measured elsewhere) and JSON next to it under benchmarks/results/, and prints the
-    table. Returns the markdown path."""
-    env = env or environment()
-    out_dir = out_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-    os.makedirs(out_dir, exist_ok=True)
-    slug = env["device"].replace(" ", "_").replace("/", "_")
-    base = os.path.join(out_dir, f"{name}-{env['platform']}-{slug}-{env['date']}")
+    results measured elsewhere) and JSON next to it under benchmarks/results/, replacing that
+    benchmark's previous table for the device, and prints the table. Returns the markdown
+    path."""
+    env = dict(env or environment(), benchmark=name)
+    base = results_base(name, env, out_dir)
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    method = f"method {env['method']}" if "method" in env else "old method"
     lines = [f"# {name}", "",
              f"{env['date']}, {env['device']} ({env['platform']}, {env['cpu_count']} CPU "
-             f"cores), jax {env['jax']}, Python {env['python']}", ""]
+             f"cores), jax {env['jax']}, Python {env['python']}, {method}", ""]
     if notes:
         lines += [notes, ""]
     lines.append("| " + " | ".join(columns) + " |")

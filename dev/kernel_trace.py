@@ -9,7 +9,7 @@ per op. Wall minus busy is time the GPU sat idle between kernels.
 
 Cases: the pooling ops of benchmarks/bench_pool.py (forward), the normalization cases of
 benchmarks/bench_norm.py (forward; NCHW ones as group_norm_nchw / batch_norm_nchw; a `_bwd`
-suffix times the backward as bench_norm does: each side's vjp function applied to dy), the
+suffix times the backward alone: each side's vjp function applied to dy), the
 activations of benchmarks/bench_activation.py (forward, as act_relu and so on), and the
 depthwise layers of the conv table (N=64, 56x56: 3x3 with C=144, 7x7 with C=96) as dw3_fwd,
 dw7_bwd_data, dw7_bwd_filter and so on; bn_mix is XLA's batch norm statistics followed by our
@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import bench_activation  # noqa: E402
 import bench_norm  # noqa: E402
 import bench_pool  # noqa: E402
+from common import conv_direction_fn  # noqa: E402
 import jaxdnn  # noqa: E402
 
 COPIES = 4  # distinct inputs per jitted call, as the benchmarks rotate them
@@ -62,11 +63,13 @@ def norm_case(name, dtype):
         raise SystemExit(f"no normalization case {name}")
     rng = np.random.default_rng(0)
     pshape = bench_norm._param_shape(op, layout, shape)
-    args = [bench_norm.make_inputs(shape, pshape, n_stats, dtype, rng) for _ in range(COPIES)]
+    normal = lambda s, dt=np.float32: jnp.asarray(rng.standard_normal(s, np.float32), dt)
+    args = [bench_norm.make_inputs(shape, pshape, n_stats, dtype, normal)[:-1]
+            for _ in range(COPIES)]
     if not backward:
         return ours, ref, args
 
-    def vjps(f):  # (vjp function, cotangents) per input, as bench_norm's backward rows
+    def vjps(f):  # (vjp function, cotangents) per input
         res = []
         for a in args:
             out, vjp = jax.jit(lambda *a: jax.vjp(f, *a))(*a)
@@ -105,15 +108,8 @@ def depthwise_case(name, dtype):
     ref = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn,
                                                 feature_group_count=c)
 
-    def direction_of(f):
-        if direction == "fwd":
-            return lambda x, w, dy: f(x, w)
-        if direction == "bwd_data":
-            return lambda x, w, dy: jax.vjp(lambda x: f(x, w), x)[1](dy)[0]
-        return lambda x, w, dy: jax.vjp(lambda w: f(x, w), w)[1](dy)[0]
-
     args = [tuple(jnp.asarray(a + i, dtype) for a in (x, w, dy)) for i in range(COPIES)]
-    return direction_of(ours), direction_of(ref), args
+    return conv_direction_fn(ours, direction), conv_direction_fn(ref, direction), args
 
 
 def activation_case(name, dtype):

@@ -1,0 +1,231 @@
+"""Renders the README's performance tables from the committed results, one command:
+
+    python benchmarks/report.py          # rewrites README.md between the report markers
+    python benchmarks/report.py --check  # exits 1 if README.md differs from what it would write
+    python benchmarks/report.py --print  # prints the block only
+
+For each (benchmark, device) it reads the latest JSON in benchmarks/results/ (by the date in its
+environment) and renders one compact table from that JSON alone: geomean ratios and the lowest
+row per direction (and dtype), with the device, date and jax version in the heading. Tables
+measured before the current methodology (no `method` in their environment, see
+benchmarks/common.py METHOD) say so in their heading, with what differed; a table rebuilt from
+logs (`rebuilt_from` in its environment) says that too. Standard library only: no jax needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import glob
+import json
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+README = os.path.join(ROOT, "README.md")
+BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
+
+# benchmark -> (title, what an old-method table did differently)
+FAMILIES = {
+    "conv_gpu": ("GPU convolution, ResNet-50 layers at N=64, NHWC",
+                 "per-direction kernels only (no train row), 2-8 rotating input sets"),
+    "conv_cpu": ("CPU convolution (im2col_gemm), ResNet-50 layers at N=8, float32",
+                 "no train row; CPU time measured in separate runs; threads per side not "
+                 "recorded"),
+    "norm": ("Normalization", "backward from each side's own residuals (the flax-style "
+             "reference saves three float32 tensors); no fwd+bwd under value_and_grad"),
+    "softmax": ("softmax and log_softmax", "backward from each side's own residuals; no "
+                "fwd+bwd under value_and_grad"),
+    "activation": ("Activations", "no fwd+bwd under value_and_grad (its bwd rows start from "
+                   "the same x and dy on both sides)"),
+    "pool": ("Pooling", "backward-only rows from each side's own residuals (jaxdnn's max-pool "
+             "selection against XLA's x); fwd+bwd through jax.vjp, not value_and_grad"),
+    "bandwidth": ("Memory bandwidth ceiling (XLA's -x; a device copy)",
+                  "recorded before method tags; the measurement has not changed"),
+}
+ORDER = ["conv_gpu", "conv_cpu", "norm", "softmax", "activation", "pool", "bandwidth"]
+# Directions of old-method tables, relabelled to say what they measured.
+OLD_DIRECTIONS = {"norm": {"bwd": "bwd (own residuals)"}, "softmax": {"bwd": "bwd (own residuals)"},
+                  "pool": {"bwd": "bwd (own residuals)", "fwd+bwd": "fwd+bwd (vjp)"},
+                  "activation": {"bwd": "bwd (same inputs)"}}
+
+
+def family(benchmark: str) -> str:
+    """norm_rows16384 -> norm: variants of a benchmark render as it does."""
+    return next((f for f in ORDER if benchmark.startswith(f)), benchmark)
+
+
+def latest_results(results_dir: str = RESULTS) -> list[tuple[str, dict, str]]:
+    """(benchmark, data, path) of the latest JSON per (benchmark, device), in README order."""
+    latest: dict[tuple[str, str], tuple[str, dict, str]] = {}
+    for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        env = data["environment"]
+        name = env.get("benchmark") or os.path.basename(path).split(f"-{env['platform']}-")[0]
+        key = (name, env["device"])
+        if key not in latest or env["date"] >= latest[key][1]["environment"]["date"]:
+            latest[key] = (name, data, path)
+
+    def rank(item):
+        name, data, _ = item
+        env = data["environment"]
+        fam = family(name)
+        return (ORDER.index(fam) if fam in ORDER else len(ORDER), name,
+                env["platform"] == "cpu", env["device"])
+    return sorted(latest.values(), key=rank)
+
+
+def _ratio(v) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}x"
+
+
+def _geomean(values) -> float:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def heading(name: str, data: dict, path: str) -> str:
+    env = data["environment"]
+    title = FAMILIES.get(family(name), (name, ""))[0]
+    if name != family(name):
+        title += f" ({name})"
+    where = env["device"]
+    if env["platform"] == "cpu":
+        where = f"{env.get('host_cpu') or 'CPU'}, {env['cpu_count']} cores"
+    text = f"**{title}** — {where}, {env['date']}, jax {env['jax']}"
+    if "method" in env:
+        text += f", method {env['method']}"
+    else:
+        text += f"; **old method**: {FAMILIES.get(family(name), ('', 'predates method tags'))[1]}"
+    if env.get("rebuilt_from"):
+        text += f"; rebuilt from logs ({env['rebuilt_from']})"
+    return text + f" (`benchmarks/results/{os.path.basename(path)}`)"
+
+
+def table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def conv_gpu_table(rows: list[dict]) -> list[str]:
+    """Per (dtype, direction): geomean and lowest over the ResNet-50 layers; depthwise layers."""
+    measured = [r for r in rows if not r["layer"].startswith("geomean")]
+    out = []
+    for dtype in dict.fromkeys(r["dtype"] for r in measured):
+        for d in dict.fromkeys(r["dir"] for r in measured):
+            sel = [r for r in measured if r["dtype"] == dtype and r["dir"] == d]
+            resnet = [r for r in sel if not r["layer"].startswith(("dw", "x_"))]
+            if not resnet:
+                continue
+            low = min(resnet, key=lambda r: r["ratio"])
+            dw = [f"{r['layer']} {_ratio(r['ratio'])}" for r in sel if r["layer"].startswith("dw")]
+            out.append([dtype, d, _ratio(_geomean([r["ratio"] for r in resnet])),
+                        f"{_ratio(low['ratio'])} {low['layer']}", ", ".join(dw)])
+    return table(["dtype", "direction", "geomean (ResNet-50)", "lowest layer", "depthwise"], out)
+
+
+def conv_cpu_table(rows: list[dict]) -> list[str]:
+    measured = [r for r in rows if r["layer"] != "geomean"]
+    out = []
+    for d in dict.fromkeys(r["dir"] for r in measured):
+        sel = [r for r in measured if r["dir"] == d]
+        low = min(sel, key=lambda r: r["ratio"])
+        threads = ("" if "jaxdnn threads" not in sel[0] else
+                   f"{_geomean([r['jaxdnn threads'] for r in sel]):.2f} / "
+                   f"{_geomean([r['XLA threads'] for r in sel]):.2f}")
+        out.append([d, _ratio(_geomean([r["ratio"] for r in sel])),
+                    f"{_ratio(low['ratio'])} {low['layer']}",
+                    _ratio(_geomean([r["cpu ratio"] for r in sel])), threads])
+    return table(["direction", "geomean (wall)", "lowest layer (wall)", "geomean (CPU time)",
+                  "threads jaxdnn / XLA"], out)
+
+
+def memory_table(name: str, rows: list[dict], old: bool) -> list[str]:
+    """Per (direction, dtype): rows, geomean ratio and the lowest row."""
+    relabel = OLD_DIRECTIONS.get(family(name), {}) if old else {}
+    shapes = len({r["shape"] for r in rows}) > 1
+
+    def label(r):
+        parts = [r["op"], r.get("layout", "")] + ([r["shape"]] if shapes else [])
+        return " ".join(p for p in parts if p and p != "rows")
+
+    def ratio(r):
+        return r["ratio"] if "ratio" in r else r["speedup"]
+    out = []
+    for d in dict.fromkeys(r.get("direction", r.get("dir")) for r in rows):
+        for dtype in dict.fromkeys(r["dtype"] for r in rows):
+            sel = [r for r in rows if r.get("direction", r.get("dir")) == d and r["dtype"] == dtype]
+            if not sel:
+                continue
+            low = min(sel, key=ratio)
+            out.append([relabel.get(d, d), dtype, str(len(sel)),
+                        _ratio(_geomean([ratio(r) for r in sel])),
+                        f"{_ratio(ratio(low))} {label(low)}"])
+    return table(["direction", "dtype", "rows", "geomean", "lowest row"], out)
+
+
+def bandwidth_table(rows: list[dict]) -> list[str]:
+    return table(["MB", "XLA -x GB/s", "copy GB/s (CUDA events)"],
+                 [[str(r["MB"]), f"{r['xla_neg_GBps']:.0f}",
+                   f"{r['torch_copy_GBps']:.0f}" if "torch_copy_GBps" in r else ""]
+                  for r in rows])
+
+
+def render(results_dir: str = RESULTS) -> str:
+    """The generated block, markers included."""
+    lines = [BEGIN, "<!-- Generated by `python benchmarks/report.py` from the latest "
+             "benchmarks/results/*.json per benchmark and device; do not edit by hand. -->", ""]
+    for name, data, path in latest_results(results_dir):
+        rows, old = data["rows"], "method" not in data["environment"]
+        fam = family(name)
+        if fam == "conv_gpu":
+            body = conv_gpu_table(rows)
+        elif fam == "conv_cpu":
+            body = conv_cpu_table(rows)
+        elif fam == "bandwidth":
+            body = bandwidth_table(rows)
+        else:
+            body = memory_table(name, rows, old)
+        lines += [heading(name, data, path), ""] + body + [""]
+    return "\n".join(lines + [END])
+
+
+def updated_readme(text: str, block: str) -> str:
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} block")
+    return text[:start] + block + text[end + len(END):]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
+    parser.add_argument("--print", action="store_true", help="print the block only")
+    parser.add_argument("--readme", default=README)
+    parser.add_argument("--results", default=RESULTS)
+    args = parser.parse_args(argv)
+    block = render(args.results)
+    if args.print:
+        print(block)
+        return 0
+    with open(args.readme) as f:
+        text = f.read()
+    new = updated_readme(text, block)
+    if args.check:
+        if new == text:
+            return 0
+        sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
+                                                   "README.md", "generated"))
+        print("README.md's performance tables are stale: run python benchmarks/report.py")
+        return 1
+    if new != text:
+        with open(args.readme, "w") as f:
+            f.write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
