@@ -194,11 +194,22 @@ def main():
         args.algos = True
         extra = (" Heuristic columns re-scored (--rescore) from the measured per-algorithm "
                  "times with the current heuristic.")
+        report(args, rows, env, trials, extra)
     else:
-        for dtype in args.dtypes.split(","):
+        dtypes = args.dtypes.split(",")
+        for i, dtype in enumerate(dtypes):
             for layer in select_layers(args.layers):
                 rows += bench_layer(layer, args.batch, dtype, args.dirs.split(","),
                                     args.repeats, trials, args.algos)
+            # Written after each dtype, so a run stopped part-way still leaves its table.
+            partial = "" if i + 1 == len(dtypes) else (
+                f" Partial run: dtypes {', '.join(dtypes[:i + 1])} of {', '.join(dtypes)}.")
+            report(args, rows, env, trials, extra + partial)
+    print(f"total {time.perf_counter() - t0:.0f} s")
+
+
+def report(args, rows, env, trials, extra):
+    """Prints the notes and writes the table of `rows` (unless --no-write)."""
     notes = (f"N={args.batch}, NHWC, through jaxdnn.conv and lax.conv_general_dilated under jit. "
              "float32 = default precision (TF32 allowed on both sides), float32:highest = "
              f"precision='highest' on both sides (exact float32). {CONV_DIRECTIONS_NOTE} "
@@ -217,7 +228,6 @@ def main():
     notes += " Geomean ratio over the ResNet-50 layers: " + "; ".join(
         f"{s['dtype']} {s['dir']} {s['ratio']:.3f}" for s in summary) + "." + extra
     print(notes)
-    print(f"total {time.perf_counter() - t0:.0f} s")
     if args.no_write:
         return
     columns = ["layer", "dtype", "dir", "XLA TFLOP/s", "jaxdnn TFLOP/s", "ratio", "algo"]

@@ -102,6 +102,8 @@ def heading(name: str, data: dict, path: str) -> str:
         text += f"; **old method**: {FAMILIES.get(family(name), ('', 'predates method tags'))[1]}"
     if env.get("rebuilt_from"):
         text += f"; rebuilt from logs ({env['rebuilt_from']})"
+    if "Partial run" in data.get("notes", ""):
+        text += "; **partial run** (stopped before its last dtype)"
     return text + f" (`benchmarks/results/{os.path.basename(path)}`)"
 
 
