@@ -19,8 +19,11 @@ algorithm itself: a function that ``jax.jit`` has already compiled keeps its cho
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
+
+import numpy as np
 
 _UNSET = object()
 
@@ -54,9 +57,12 @@ def _parse_bytes(name: str, value: str) -> int | None:
         return None
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1)
     try:
-        n = int(float(v[:-1] if scale != 1 else v) * scale)
+        f = float(v[:-1] if scale != 1 else v) * scale
     except ValueError:
         raise ValueError(f"{name}={value!r}: expected a number of bytes, e.g. 0, 512M") from None
+    if not math.isfinite(f):  # inf, nan, or a literal beyond float range such as 1e400
+        raise ValueError(f"{name}={value!r}: expected a finite number of bytes, e.g. 0, 512M")
+    n = int(f)
     if n < 0:
         raise ValueError(f"{name}={value!r}: must not be negative")
     return n
@@ -103,16 +109,17 @@ class config:  # noqa: N801  (used like a function)
         changes = {}
         for name, value in (("benchmark", benchmark), ("deterministic", deterministic)):
             if value is not _UNSET:
-                if not isinstance(value, bool):
+                if not isinstance(value, (bool, np.bool_)):
                     raise TypeError(f"jaxdnn.config: `{name}` must be a bool, got {value!r}")
-                changes[name] = value
+                changes[name] = bool(value)
         if workspace_limit is not _UNSET:
-            if workspace_limit is not None and (not isinstance(workspace_limit, int)
+            if workspace_limit is not None and (not isinstance(workspace_limit,
+                                                               (int, np.integer))
                                                 or isinstance(workspace_limit, bool)
                                                 or workspace_limit < 0):
                 raise ValueError("jaxdnn.config: `workspace_limit` must be None or a "
                                  f"non-negative number of bytes, got {workspace_limit!r}")
-            changes["workspace_limit"] = workspace_limit
+            changes["workspace_limit"] = None if workspace_limit is None else int(workspace_limit)
         if cache_dir is not _UNSET:
             if not isinstance(cache_dir, (str, os.PathLike)):
                 raise TypeError(f"jaxdnn.config: `cache_dir` must be a path, got {cache_dir!r}")

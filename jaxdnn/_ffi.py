@@ -15,7 +15,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir, xla
 
-from . import _cpu
+from . import _checks, _cpu
 
 try:
     from . import _cuda
@@ -111,6 +111,23 @@ def define_primitive(name: str, abstract_eval, *, attrs=_params_as_attrs,
     prim = Primitive(name)
     prim.multiple_results = multiple_results
     prim.def_impl(partial(xla.apply_primitive, prim))
-    prim.def_abstract_eval(abstract_eval)
+    prim.def_abstract_eval(sized_abstract_eval(name, abstract_eval))
     register_lowerings(prim, lowering(name, attrs))
     return prim
+
+
+def sized_abstract_eval(name: str, abstract_eval):
+    """`abstract_eval` that also rejects operands and results of more bytes than XLA can
+    index (a ValueError at trace time; XLA would abort the process when compiling). The public
+    functions check their arguments by name first; this catches results that only the
+    arguments together make too large, e.g. a convolution's padding."""
+
+    def rule(*avals, **params):
+        for i, a in enumerate(avals):
+            _checks.check_nbytes(a.shape, a.dtype, f"{name}: operand {i}")
+        out = abstract_eval(*avals, **params)
+        for a in out if isinstance(out, (tuple, list)) else (out,):
+            _checks.check_nbytes(a.shape, a.dtype, f"{name}: the result")
+        return out
+
+    return rule

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import time
+import warnings
 
 import jax
 import numpy as np
 
-from . import _ffi
+from . import _checks, _ffi
 
 DIRECTIONS = ("fwd", "bwd_data", "bwd_filter")
 
@@ -35,6 +37,13 @@ class AlgoInfo:
     deterministic: bool
     tensor_cores: bool
     rank: int | None  # heuristic preference among the supported ones, 0 = first choice
+
+
+def platform_name(platform: str | None) -> str:
+    """The registry platform of a user's `platform` argument: None means jax's default
+    backend, and jax's "gpu" is our "cuda"."""
+    platform = platform or jax.default_backend()
+    return {"gpu": "cuda"}.get(platform, platform)
 
 
 def _num_threads(platform: str) -> int:
@@ -263,6 +272,10 @@ def select_algorithm(op: str, direction: str, infos: list[AlgoInfo], platform: s
 
         cache = tuning.cache_for(_config.settings().cache_dir, platform, _version.__version__)
         results, reason = cache.get(key), "benchmark (cached)"
+        if results is not None and not _valid_results(results):
+            warnings.warn(f"jaxdnn: tuning cache {cache.path} has a malformed entry for {key!r}; "
+                          "measuring again", RuntimeWarning, stacklevel=2)
+            results = None
         if results is None:
             results, reason = find(), "benchmark (measured)"
             cache.put(key, results)
@@ -276,10 +289,27 @@ def select_algorithm(op: str, direction: str, infos: list[AlgoInfo], platform: s
     return Choice(best.name, "heuristic", best.workspace_bytes, tuple(excluded))
 
 
+def _valid_results(results) -> bool:
+    """Whether a cached entry is a list of find results as selection reads them: dicts with a
+    str "name", a bool "ok" and a real "time_s", finite where "ok" is true."""
+    if not isinstance(results, list):
+        return False
+    for r in results:
+        if not isinstance(r, dict):
+            return False
+        name, ok, t = r.get("name"), r.get("ok"), r.get("time_s")
+        if (not isinstance(name, str) or not isinstance(ok, bool)
+                or not isinstance(t, (int, float)) or isinstance(t, bool)
+                or (ok and not math.isfinite(t))):
+            return False
+    return True
+
+
 def time_jitted(fn, inputs, repeats: int, clock=time.perf_counter) -> float:
     """Median seconds per call of `fn` over the rotating `inputs` (back-to-back jitted calls,
     synchronised once per batch), by `clock`: wall time by default (the timer find uses off
     the GPU), or e.g. time.process_time for CPU time on a shared machine."""
+    repeats = _checks.positive_int(repeats, "repeats", "jaxdnn.algo.time_jitted")
     many = jax.jit(lambda ins: [fn(*i) for i in ins])
     jax.block_until_ready(many(inputs))
     times = []

@@ -20,11 +20,13 @@ import os
 import re
 import tempfile
 import threading
+import time
 import warnings
 
 import jax
 
 FORMAT = 1
+STALE_TMP_S = 3600  # a temporary cache file this old, found under the lock, is a dead writer's
 
 
 def device_identity(platform: str) -> str:
@@ -62,22 +64,38 @@ def _file_lock(path: str):
 
 
 class TuningCache:
-    """Benchmark results for one platform/device, in memory and on disk under `directory`."""
+    """Benchmark results for one platform/device, in memory and on disk under `directory`.
+
+    The disk is an optimisation, never a requirement: when the cache file or its directory
+    cannot be read or written (a read-only or missing-permission directory, a `directory`
+    that is a regular file, a cache path that is a directory, a full disk), the cache warns
+    once and from then on keeps results in memory only, for this process."""
 
     def __init__(self, directory: str, platform: str, version: str, device: str | None = None):
         self.device = device or device_identity(platform)
         self.version = version
         self.path = os.path.join(directory, f"conv-{platform}-{_slug(self.device)}.json")
         self._memory: dict[str, list[dict]] | None = None
+        self._disk = True  # False once the disk has failed: memory only from then on
         self._lock = threading.Lock()
 
+    def _disk_failed(self, error: OSError) -> None:
+        if self._disk:
+            warnings.warn(f"jaxdnn: tuning cache {self.path} cannot be used ({error}); "
+                          "benchmark results are kept in memory only, for this process",
+                          RuntimeWarning, stacklevel=4)
+        self._disk = False
+
     def _read_disk(self) -> dict[str, list[dict]]:
+        """The file's entries: empty when there is no file yet, or (with a warning) when its
+        content is not a cache of this device and version. Raises OSError when the file
+        cannot be read."""
         try:
             with open(self.path) as f:
                 doc = json.load(f)
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as e:
+        except ValueError as e:
             warnings.warn(f"jaxdnn: tuning cache {self.path} is unreadable ({e}); rebuilding it",
                           RuntimeWarning, stacklevel=3)
             return {}
@@ -90,30 +108,70 @@ class TuningCache:
             return {}
         return doc["entries"]
 
+    def _load(self) -> None:
+        """Fills the memory from the disk on first use (call with self._lock held)."""
+        if self._memory is None:
+            self._memory = {}
+            if self._disk:
+                try:
+                    self._memory = self._read_disk()
+                except OSError as e:
+                    self._disk_failed(e)
+
     def get(self, key: str) -> list[dict] | None:
         with self._lock:
-            if self._memory is None:
-                self._memory = self._read_disk()
+            self._load()
             return self._memory.get(key)
 
     def put(self, key: str, results: list[dict]) -> None:
         with self._lock:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with _file_lock(self.path + ".lock"):
-                entries = self._read_disk()  # merge what other processes wrote meanwhile
-                entries[key] = results
-                doc = {"format": FORMAT, "jaxdnn": self.version, "device": self.device,
-                       "entries": entries}
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
-                try:
-                    with os.fdopen(fd, "w") as f:
-                        json.dump(doc, f, indent=0, sort_keys=True)
-                    os.replace(tmp, self.path)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
-            self._memory = entries
+            self._load()
+            self._memory[key] = results
+            if not self._disk:
+                return
+            try:
+                self._memory = self._write(key, results)
+            except OSError as e:
+                self._disk_failed(e)
+
+    def _write(self, key: str, results: list[dict]) -> dict[str, list[dict]]:
+        """Merges `key` into the file under its lock; returns the merged entries."""
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, exist_ok=True)
+        with _file_lock(self.path + ".lock"):
+            entries = self._read_disk()  # merge what other processes wrote meanwhile
+            entries[key] = results
+            doc = {"format": FORMAT, "jaxdnn": self.version, "device": self.device,
+                   "entries": entries}
+            self._remove_stale_temporaries()
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=self._tmp_prefix(), suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(doc, f, indent=0, sort_keys=True)
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        return entries
+
+    def _tmp_prefix(self) -> str:
+        return os.path.basename(self.path) + "."
+
+    def _remove_stale_temporaries(self) -> None:
+        """Deletes this cache's temporary files that a writer left when it died mid-write.
+        Writers create and rename them while they hold the file lock, which the caller holds,
+        so none is in use; the age threshold is a second guard, for file systems whose flock
+        does not exclude other hosts."""
+        directory = os.path.dirname(self.path)
+        cutoff = time.time() - STALE_TMP_S
+        prefix = self._tmp_prefix()
+        for name in os.listdir(directory):
+            if name.startswith(prefix) and name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    stale = os.lstat(os.path.join(directory, name)).st_mtime < cutoff
+                    if stale:
+                        os.unlink(os.path.join(directory, name))
 
 
 _caches: dict[tuple, TuningCache] = {}

@@ -23,13 +23,10 @@ import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 
-from .. import _ffi
+from .. import _checks, _ffi
 
 __all__ = ["elu", "gelu", "leaky_relu", "relu", "relu6", "sigmoid", "silu", "softplus", "swish",
            "tanh"]
-
-SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16,
-                                                jnp.bfloat16))
 
 # Op codes of the kernels: the position in this tuple (cc/activation/activation.h: Op).
 _OPS = ("relu", "relu6", "leaky_relu", "elu", "sigmoid", "tanh", "gelu_tanh", "gelu_erf", "silu",
@@ -140,17 +137,6 @@ batching.primitive_batchers[activation_bwd_p] = _bwd_batch
 # Public API
 # ----------------------------------------------------------------------------------------------
 
-def _input(x, api):
-    try:
-        x = jnp.asarray(x)
-    except TypeError as e:
-        raise TypeError(f"jaxdnn.{api}: `x` must be an array, got {type(x).__name__}") from e
-    if np.dtype(x.dtype) not in SUPPORTED_DTYPES:
-        raise TypeError(f"jaxdnn.{api}: `x` has dtype {x.dtype}; supported dtypes are float32, "
-                        "float64, float16 and bfloat16")
-    return x
-
-
 def _scalar(value, name, api):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
         raise TypeError(f"jaxdnn.{api}: `{name}` must be a finite Python or numpy real scalar, "
@@ -159,7 +145,7 @@ def _scalar(value, name, api):
 
 
 def _apply(op, x, api, alpha=0.0):
-    return activation_fwd_p.bind(_input(x, api), op=op, alpha=alpha)
+    return activation_fwd_p.bind(_checks.operand(x, "x", f"jaxdnn.{api}"), op=op, alpha=alpha)
 
 
 def relu(x):

@@ -30,14 +30,12 @@ from jax import lax
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 
-from .. import _ffi
+from .. import _checks, _ffi
 from .. import algo as algo_lib
 from .. import _config as config_lib
 from ..algo import DIRECTIONS, select_conv_algorithm
 from . import softmax as softmax_ops
 
-SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16,
-                                                jnp.bfloat16))
 _CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
 _CHANNELS_FIRST = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
 
@@ -263,14 +261,39 @@ _CONV_NAMES = _Names("jaxdnn.conv", "x", "w", "stride", "padding", "lhs_dilation
                      "groups")
 
 
-def _check_dtypes(lhs, rhs, names: _Names):
-    for arr, nm in ((lhs, names.lhs), (rhs, names.rhs)):
-        if np.dtype(arr.dtype) not in SUPPORTED_DTYPES:
-            raise TypeError(f"{names.api}: `{nm}` has dtype {arr.dtype}; supported dtypes are "
-                            "float32, float64, float16 and bfloat16")
+def _operands(lhs, rhs, names: _Names):
+    """The input and filter as arrays of one supported dtype."""
+    lhs = _checks.operand(lhs, names.lhs, names.api)
+    rhs = _checks.operand(rhs, names.rhs, names.api)
     if lhs.dtype != rhs.dtype:
         raise TypeError(f"{names.api}: `{names.lhs}` and `{names.rhs}` must have the same dtype, "
                         f"got {lhs.dtype} and {rhs.dtype}")
+    return lhs, rhs
+
+
+def _check_dimension_numbers(dnums, lhs, rhs, names: _Names):
+    """Each of lhs_spec, rhs_spec and out_spec must be a permutation of range(rank): lax
+    accepts any ConvDimensionNumbers and fails later, when it indexes the shapes."""
+    rank = lhs.ndim
+    if rhs.ndim != rank:
+        raise ValueError(f"{names.api}: `{names.lhs}` has rank {rank} but `{names.rhs}` has rank "
+                         f"{rhs.ndim}; they must match")
+    for spec, what in zip(dnums, ("lhs_spec", "rhs_spec", "out_spec")):
+        try:
+            ok = sorted(operator.index(d) for d in spec) == list(range(rank))
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{names.api}: `dimension_numbers` {what} must be a permutation of "
+                             f"0..{rank - 1} for operands of rank {rank}, got {spec!r}")
+
+
+def _check_filter_window(window, rhs_shape, names: _Names):
+    """A filter needs at least one tap along every spatial dimension (lax rejects a window of
+    size 0 when it lowers; the output size formula would give a meaningless result)."""
+    if any(f == 0 for f in window):
+        raise ValueError(f"{names.api}: `{names.rhs}` has shape {tuple(rhs_shape)}: its spatial "
+                         "dimensions must not be empty")
 
 
 def _int_tuple(value, nd, name, names: _Names, *, minimum):
@@ -313,7 +336,7 @@ def _resolve_out_dtype(in_dtype, preferred, names: _Names):
     if preferred is None:
         return in_dtype, in_dtype
     pref = np.dtype(preferred)
-    if pref not in SUPPORTED_DTYPES:
+    if pref not in _checks.SUPPORTED_DTYPES:
         raise TypeError(f"{names.api}: `preferred_element_type` must be a float dtype "
                         f"(float16/bfloat16/float32/float64), got {pref}")
     if pref.itemsize < in_dtype.itemsize:
@@ -367,6 +390,7 @@ def _canonical_problem(lhs, rhs, dnums, window_strides, padding, lhs_dilation, r
     w = jnp.transpose(rhs, (*rhs_spec[2:], rhs_spec[1], rhs_spec[0]))  # (spatial..., I, O)
     n, c = x.shape[0], x.shape[-1]
     cin, k = w.shape[-2], w.shape[-1]
+    _check_filter_window(w.shape[:nd], rhs.shape, names)
     if isinstance(padding, str):
         if any(d != 1 for d in lhs_dil):
             raise ValueError(f"{names.api}: string padding is not supported with "
@@ -378,6 +402,12 @@ def _canonical_problem(lhs, rhs, dnums, window_strides, padding, lhs_dilation, r
             raise ValueError(f"{names.api}: `{names.padding}` string must be 'SAME', "
                              f"'SAME_LOWER' or 'VALID', got {padding!r}") from e
     pads = _padding_pairs(padding, nd, names, allow_negative=allow_negative_padding)
+    for i, (size, ld, (lo, hi)) in enumerate(zip(x.shape[1:1 + nd], lhs_dil, pads)):
+        dilated = (size - 1) * ld + 1 if size else 0
+        if dilated + lo + hi < 0:  # as lax: negative padding may remove the whole input, no more
+            raise ValueError(f"{names.api}: `{names.padding}` {pads[i]} removes more than the "
+                             f"{dilated} elements of spatial dimension {i} of `{names.lhs}`"
+                             + (f" (dilated by `{names.lhs_dilation}`)" if ld > 1 else ""))
 
     g, bg = int(feature_group_count), int(batch_group_count)
     if c % g:
@@ -422,12 +452,12 @@ def _canonical_problem(lhs, rhs, dnums, window_strides, padding, lhs_dilation, r
 def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilation,
                feature_group_count, batch_group_count, precision, preferred_element_type, algo,
                names: _Names, *, allow_negative_padding: bool):
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    _check_dtypes(lhs, rhs, names)
+    lhs, rhs = _operands(lhs, rhs, names)
     try:
         dnums = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dnums)
     except TypeError as e:
         raise TypeError(f"{names.api}: {e}") from None
+    _check_dimension_numbers(dnums, lhs, rhs, names)
     compute, out_dtype = _resolve_out_dtype(lhs.dtype, preferred_element_type, names)
     x, w, spec, finish = _canonical_problem(
         lhs.astype(compute), rhs.astype(compute), dnums, window_strides, padding, lhs_dilation,
@@ -517,7 +547,7 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, layout: str 
         float32 accuracy (3xTF32 on tensor cores). The CPU always computes exactly.
       preferred_element_type: output dtype (e.g. float32 for bfloat16 inputs).
     """
-    x, w = jnp.asarray(x), jnp.asarray(w)
+    x, w = _operands(x, w, _CONV_NAMES)
     if x.ndim != w.ndim:
         raise ValueError(f"jaxdnn.conv: `x` has rank {x.ndim} but `w` has rank {w.ndim}; they "
                          "must match")
@@ -543,11 +573,10 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
     """
     api = "jaxdnn.conv_transpose"
     names = dataclasses.replace(_CONV_NAMES, api=api)
-    x, w = jnp.asarray(x), jnp.asarray(w)
+    x, w = _operands(x, w, names)
     if x.ndim != w.ndim:
         raise ValueError(f"{api}: `x` has rank {x.ndim} but `w` has rank {w.ndim}; they must "
                          "match")
-    _check_dtypes(x, w, names)
     lhs_layout, rhs_layout = _layouts(layout, x.ndim, api)
     if len(lhs_layout) != x.ndim:
         raise ValueError(f"{api}: `layout` {lhs_layout!r} does not match the rank {x.ndim} of `x`")
@@ -565,6 +594,7 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
     xc = jnp.transpose(x, (lhs_spec[0], *lhs_spec[2:], lhs_spec[1])).astype(compute)
     wc = jnp.transpose(w, (*rhs_spec[2:], rhs_spec[1], rhs_spec[0])).astype(compute)
     in_sp, ksz = xc.shape[1:1 + nd], wc.shape[:nd]
+    _check_filter_window(ksz, w.shape, names)
     eff = [(f - 1) * d + 1 for f, d in zip(ksz, dil)]
     if isinstance(padding, str):
         if padding.upper() == "VALID":
@@ -692,18 +722,13 @@ def conv_problem(x, w, **conv_kwargs) -> ConvProblem:
     return problem
 
 
-def _platform(platform: str | None) -> str:
-    platform = platform or jax.default_backend()
-    return {"gpu": "cuda"}.get(platform, platform)
-
-
 def conv_algorithms(problem: ConvProblem, platform: str | None = None):
     """"Get": every registered algorithm for `problem` on `platform` ("cpu" or "cuda";
     default: the default backend), with applicability, reason, workspace, determinism,
     tensor-core use and the heuristic's rank (0 = the heuristic's choice). Unsupported
     algorithms come last."""
     return algo_lib.conv_algorithms(problem.spec, problem.direction, problem.dtype,
-                                    problem.out_dtype, _platform(platform))
+                                    problem.out_dtype, algo_lib.platform_name(platform))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -793,8 +818,9 @@ def find_conv_algorithms(problem: ConvProblem, platform: str | None = None, *,
     """"Find": runs every applicable algorithm for `problem` on the current device of
     `platform`, checks each result against the direct oracle (rejecting wrong answers) and
     times it (median of `repeats` runs over rotating inputs); fastest first."""
+    repeats = _checks.positive_int(repeats, "repeats", "jaxdnn.find_conv_algorithms")
     return _find(problem.spec, problem.direction, problem.dtype, problem.out_dtype,
-                 _platform(platform), repeats=repeats)
+                 algo_lib.platform_name(platform), repeats=repeats)
 
 
 def _find_for_selection(spec, direction, dtype, out_dtype, platform):
@@ -833,7 +859,7 @@ def explain(fn, *args, platform: str | None = None, **kwargs) -> Explained:
     ``jax.jit`` would) with the algorithm that runs on `platform`, why (heuristic, cached or
     measured benchmark, forced, and what the deterministic / workspace policy excluded) and its
     workspace."""
-    plat = _platform(platform)
+    plat = algo_lib.platform_name(platform)
     out = Explained()
     for p in _problems(fn, *args, **kwargs):
         choice = p.choose(plat)

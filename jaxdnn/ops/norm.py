@@ -51,12 +51,9 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir, xla
 
-from .. import _ffi
+from .. import _checks, _ffi
 
 __all__ = ["batch_norm", "batch_norm_inference", "group_norm", "layer_norm", "rms_norm"]
-
-SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16,
-                                                jnp.bfloat16))
 
 
 def stat_dtype(dtype) -> np.dtype:
@@ -257,7 +254,7 @@ def _jnp_primitive(name, impl):
     prim = Primitive(f"jaxdnn_{name}")
     prim.multiple_results = len(_SPECS[name][1]) > 1
     prim.def_impl(partial(xla.apply_primitive, prim))
-    prim.def_abstract_eval(partial(_abstract_eval, name))
+    prim.def_abstract_eval(_ffi.sized_abstract_eval(prim.name, partial(_abstract_eval, name)))
     mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=prim.multiple_results))
     return prim
 
@@ -432,14 +429,6 @@ for _name, _prim in _PRIMS.items():
 # Argument checking
 # ----------------------------------------------------------------------------------------------
 
-def _check_x(x, api):
-    x = jnp.asarray(x)
-    if np.dtype(x.dtype) not in SUPPORTED_DTYPES:
-        raise TypeError(f"{api}: `x` has dtype {x.dtype}; supported dtypes are float32, float64, "
-                        "float16 and bfloat16")
-    return x
-
-
 def _check_eps(eps, api) -> float:
     try:
         e = float(eps)
@@ -454,7 +443,7 @@ def _param(p, name, want_shape, dtype, fill, api):
     """scale/bias/mean/var as an array of `want_shape` in the statistics dtype (None -> fill)."""
     if p is None:
         return jnp.full(want_shape, fill, dtype)
-    p = jnp.asarray(p)
+    p = _checks.as_array(p, name, api)
     if not jnp.issubdtype(p.dtype, jnp.floating):
         raise TypeError(f"{api}: `{name}` must be a floating-point array, got dtype {p.dtype}")
     if tuple(p.shape) != tuple(want_shape):
@@ -494,7 +483,7 @@ def _train(x, scale, bias, shape: NormShape, eps, centered):
 
 
 def _row_norm(api, x, scale, bias, axis, eps, centered):
-    x = _check_x(x, api)
+    x = _checks.operand(x, "x", api)
     eps = _check_eps(eps, api)
     axes = _axes(axis, x.ndim, api)
     norm_shape = tuple(x.shape[a] for a in axes)
@@ -533,7 +522,7 @@ def rms_norm(x, scale, *, axis=-1, eps: float = 1e-5):
 
 def _per_channel(api, x, scale, bias, axis, eps):
     """Checked (x, eps, scale, bias) of a batch norm over channel `axis`, and its problem."""
-    x = _check_x(x, api)
+    x = _checks.operand(x, "x", api)
     eps = _check_eps(eps, api)
     ax = _axis(axis, x.ndim, api)
     c = x.shape[ax]
@@ -591,7 +580,7 @@ def group_norm(x, scale, bias, *, groups: int, eps: float = 1e-5, layout: str | 
       layout: None (channels-last), or one of NC, NWC, NCW, NHWC, NCHW, NDHWC, NCDHW.
     """
     api = "jaxdnn.group_norm"
-    x = _check_x(x, api)
+    x = _checks.operand(x, "x", api)
     eps = _check_eps(eps, api)
     if layout is None:
         if x.ndim < 2:

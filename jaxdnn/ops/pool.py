@@ -33,12 +33,10 @@ from jax import lax
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 
-from .. import _ffi
+from .. import _checks, _ffi
 
 __all__ = ["avg_pool", "global_avg_pool", "max_pool"]
 
-SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.float16,
-                                                jnp.bfloat16))
 _CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
 _CHANNELS_FIRST = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
 _MAX_U8_WINDOW = 254  # cc/pool/pool.h kMaxU8Window
@@ -254,10 +252,7 @@ def _padding_pairs(padding, spatial, window, strides, api):
 def _canonical(x, window, strides, padding, layout, api):
     """Checks the arguments, moves x to channels-last and builds the PoolSpec. Returns
     (x, spec, finish) where finish(y) maps a channels-last result back to `layout`."""
-    x = jnp.asarray(x)
-    if np.dtype(x.dtype) not in SUPPORTED_DTYPES:
-        raise TypeError(f"{api}: `x` has dtype {x.dtype}; supported dtypes are float32, "
-                        "float64, float16 and bfloat16")
+    x = _checks.operand(x, "x", api)
     nd = x.ndim - 2
     if layout is None:
         if nd not in _CHANNELS_LAST:
@@ -323,15 +318,19 @@ def avg_pool(x, window, strides=None, padding="VALID", count_include_pad: bool =
     api = "jaxdnn.avg_pool"
     if not isinstance(count_include_pad, (bool, np.bool_)):
         raise TypeError(f"{api}: `count_include_pad` must be a bool, got {count_include_pad!r}")
+    return _avg_pool(x, window, strides, padding, bool(count_include_pad), layout, api)
+
+
+def _avg_pool(x, window, strides, padding, count_include_pad, layout, api):
     x, spec, finish = _canonical(x, window, strides, padding, layout, api)
-    return finish(pool_avg_fwd_p.bind(x, spec=spec, count_include_pad=bool(count_include_pad)))
+    return finish(pool_avg_fwd_p.bind(x, spec=spec, count_include_pad=count_include_pad))
 
 
 def global_avg_pool(x, layout: str | None = None, keepdims: bool = False):
     """Mean over all spatial dimensions: ``(N, ..., C) -> (N, C)`` (or ``(N, 1, ..., 1, C)``
     in ``layout`` with ``keepdims=True``)."""
     api = "jaxdnn.global_avg_pool"
-    x = jnp.asarray(x)
+    x = _checks.operand(x, "x", api)
     if layout is None and x.ndim - 2 not in _CHANNELS_LAST:
         raise ValueError(f"{api}: `x` must have rank 3, 4 or 5 (1 to 3 spatial dims), got "
                          f"rank {x.ndim}")
@@ -339,7 +338,7 @@ def global_avg_pool(x, layout: str | None = None, keepdims: bool = False):
     spatial = x.shape[2:] if channels_first else x.shape[1:-1]
     if any(s == 0 for s in spatial):
         raise ValueError(f"{api}: `x` has an empty spatial dimension {tuple(x.shape)}")
-    y = avg_pool(x, tuple(spatial), padding="VALID", layout=layout)
+    y = _avg_pool(x, tuple(spatial), None, "VALID", True, layout, api)
     if keepdims:
         return y
     return y.reshape(y.shape[0], y.shape[1]) if channels_first else y.reshape(y.shape[0], -1)

@@ -32,10 +32,9 @@ import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 
+from .. import _checks, _ffi
 from .. import _config as config_lib
-from .. import _ffi
 from .. import algo as algo_lib
-from .activation import _input
 
 __all__ = ["log_softmax", "softmax", "softmax_algorithms"]
 
@@ -89,7 +88,7 @@ class SoftmaxProblem:
 
 def softmax_algorithms(problem: SoftmaxProblem, platform: str | None = None):
     """"Get" for softmax: the registry of `platform` with applicability, in preference order."""
-    platform = {"gpu": "cuda"}.get(platform or jax.default_backend(), platform)
+    platform = algo_lib.platform_name(platform)
     raw = _ffi.module_for(platform).softmax_algorithms(problem.rows, problem.cols,
                                                         str(problem.dtype))
     return algo_lib.registry_infos(raw, problem.direction, platform)
@@ -262,7 +261,7 @@ def _axes(axis, ndim, api):
 
 
 def _apply(x, axis, log, api, algo):
-    x = _input(x, api)
+    x = _checks.operand(x, "x", f"jaxdnn.{api}")
     axes = _axes(axis, x.ndim, api)
     if algo is not None and not isinstance(algo, str):
         raise TypeError(f"jaxdnn.{api}: `algo` must be None or an algorithm name, got {algo!r}")
