@@ -15,6 +15,9 @@
 # device call. The build has its own limit, BUILD_TIMEOUT (default 400; a fresh build takes
 # ~115 s), so that a short STEP_TIMEOUT does not kill it (it did once, and the call was lost).
 set -uo pipefail
+# This machine has a GPU: a GPU test that cannot run (no GPU seen, no CUDA module) fails instead
+# of skipping (tests/conftest.py), and the pytest summary counts the GPU tests that ran.
+export JAXDNN_REQUIRE_GPU=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/logs"
 export PYTHONUNBUFFERED=1

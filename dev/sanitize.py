@@ -27,7 +27,11 @@ import numpy as np
 import jaxdnn
 from jaxdnn.ops import conv as conv_ops
 
-os.environ.setdefault("JAXDNN_CONV_BN256", "1")  # 256-column tiles at any size, as in tests/
+# 256-column conv tiles at any size: the size rule (cc/conv/cuda_gemm_conv.cuh: wide_plan) keeps
+# them off every problem here, which is small, so memcheck and racecheck would never see them.
+# (The tests run the default rule, and these tiles once more with JAXDNN_CONV_BN256=1:
+# tests/test_conv_oracle.py: test_gpu_wide_tiles_forced.)
+os.environ.setdefault("JAXDNN_CONV_BN256", "1")
 PLATFORM = os.environ.get("JAXDNN_SANITIZE_PLATFORM", "gpu")  # "cpu": a quick local dry run
 GPU = jax.devices(PLATFORM)[0]
 RNG = np.random.default_rng(0)

@@ -13,7 +13,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jaxdnn
-from util import DTYPES, PLATFORMS, assert_close, on, rand
+from util import DTYPES, PLATFORMS, assert_close, needs_cuda_module, on, rand
 
 # name -> (jaxdnn function, jax.nn reference), for default and non-default parameters.
 OPS = {
@@ -62,10 +62,24 @@ def test_forward_and_backward(platform, dtype, name):
     rng = np.random.default_rng(0)
     pairs = [(rand(rng, shape, dtype, scale=3.0), rand(rng, shape, dtype)) for shape in SHAPES]
     outs = _value_and_vjp(OPS[name][0])([on(platform, x, ct) for x, ct in pairs])
-    for (x, _), (y, dx), (y_ref, dx_ref) in zip(pairs, outs, _ref_value_and_vjp(name, pairs)):
+    for (x, ct), (y, dx), (y_ref, dx_ref) in zip(pairs, outs, _ref_value_and_vjp(name, pairs)):
         assert y.dtype == np.dtype(dtype) and y.shape == x.shape
         assert_close(y, y_ref, dtype, what=f"{name} {x.shape}")
-        assert_close(dx, dx_ref, dtype, what=f"{name} grad {x.shape}")
+        assert_close(dx, dx_ref, dtype, scale=_grad_ref_scale(name, x, ct, dtype),
+                     what=f"{name} grad {x.shape}")
+
+
+def _grad_ref_scale(name, x, ct, dtype):
+    """The elementwise bound's scale for a gradient (None: the default). jax.nn.gelu's tanh
+    form differentiates x (1 + t) / 2, t = tanh(u): (1 + t) / 2 + x (1 - t^2) u' / 2, whose
+    1 + t and 1 - t^2 cancel for x < -5 and carry absolute errors of ~1 ulp of 1 each, so the
+    float64 reference itself is off by ~eps * |ct| * (1 + |x u'|) (4e-14 at x = -7.1, where the
+    gradient is 1.4e-14; jaxdnn computes x * sigmoid(2u), without the cancellation)."""
+    if name != "gelu" or np.dtype(dtype) != np.float64:
+        return None
+    x = np.asarray(x, np.float64)
+    du = np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x * x)
+    return np.abs(np.asarray(ct, np.float64)) * (1 + np.abs(x * du))
 
 
 # Special values: NaN and infinities propagate as in jax.nn (compared in float64, where the
@@ -247,11 +261,10 @@ def test_bad_arguments():
         jaxdnn.gelu(x, approximate="yes")
 
 
+@needs_cuda_module
 def test_cuda_lowering():
     """Every op lowers to our custom calls for the GPU, also on a machine without one (when the
     CUDA module is built)."""
-    if jaxdnn._ffi._cuda is None:
-        pytest.skip("built without CUDA")
     x = jnp.ones((3, 5), jnp.bfloat16)
     for name, (f, _) in OPS.items():
         grad = jax.grad(lambda v, f=f: jnp.sum(f(v).astype(jnp.float32)))

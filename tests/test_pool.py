@@ -14,7 +14,7 @@ from jax import lax
 from jax.test_util import check_grads
 
 import jaxdnn
-from util import DTYPES, PLATFORMS, assert_close, device, has_gpu, on, rand
+from util import DTYPES, PLATFORMS, assert_close, device, needs_cuda_module, needs_gpu, on, rand
 
 CPU = jax.devices("cpu")[0]
 
@@ -365,9 +365,8 @@ def test_vmap_and_vmap_grad(op, platform):
     assert_close(tys, np.stack(rtys), jnp.float32, what="vmap(jvp)")
 
 
+@needs_cuda_module
 def test_lowers_for_cuda():
-    if jaxdnn._ffi._cuda is None:
-        pytest.skip("built without CUDA")
     x = jnp.zeros((2, 8, 8, 4), jnp.float32)
     f = jax.grad(lambda v: (jaxdnn.max_pool(v, 3, 2, 1) + jaxdnn.avg_pool(v, 3, 2, 1)).sum())
     text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
@@ -375,7 +374,7 @@ def test_lowers_for_cuda():
         assert f"custom_call @jaxdnn_pool_{target}" in text
 
 
-@pytest.mark.skipif(not has_gpu(), reason="no GPU")
+@needs_gpu
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_gpu_strips_3x3_stride2(dtype):
     """3x3/2 pad 1 on the GPU's strip kernel (cuda_pool.cu) with strips of several output rows
@@ -399,7 +398,7 @@ def test_gpu_strips_3x3_stride2(dtype):
                          ref_pool(x, op, win, strd, pads), dtype, what=f"{op} strips")
 
 
-@pytest.mark.skipif(not has_gpu(), reason="no GPU")
+@needs_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda v: v.__name__)
 def test_gpu_tiles_2x2_stride2(dtype):
     """2x2/2 VALID on the GPU's tile kernel (cuda_pool.cu: one thread per output vector), odd
@@ -426,7 +425,7 @@ def test_gpu_tiles_2x2_stride2(dtype):
         tiles.max(axis=(2, 4)), err_msg="max tiles with NaN")
 
 
-@pytest.mark.skipif(not has_gpu(), reason="no GPU")
+@needs_gpu
 def test_gpu_deterministic():
     rng = np.random.default_rng(8)
     x = on("gpu", rng.integers(0, 4, (4, 30, 30, 64)).astype(np.float32))

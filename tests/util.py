@@ -13,23 +13,101 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxdnn import _ffi
+
 DTYPES = (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16)
 
-# Relative L2 error allowed per dtype (DESIGN.md section 5).
-TOL = {
-    np.dtype(jnp.float64): 1e-10,
-    np.dtype(jnp.float32): 1e-5,
-    np.dtype(jnp.float16): 1e-2,
-    np.dtype(jnp.bfloat16): 1e-2,
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """The two bounds of DESIGN.md section 5 for one kind of arithmetic.
+
+    rel_l2: relative L2 error over the whole output.
+    rtol, atol, acc: the elementwise bound
+        |out - ref| <= rtol * |ref| + scale * (atol + acc * sqrt(k))
+    where `scale` is the magnitude of what each output sums (see assert_close) and `k` the
+    length of the reduction: rtol covers the rounding of the result, atol the rounding of the
+    operands and intermediates (relative to the terms, not to their sum, which may cancel), acc
+    the accumulation's rounding, which grows with the reduction.
+    """
+
+    rel_l2: float
+    rtol: float
+    atol: float
+    acc: float
+
+
+_U64, _U32 = 2.0 ** -53, 2.0 ** -24  # unit roundoff (half an ulp of 1) of float64, float32
+
+# Keyed by the arithmetic: a dtype's name, or "tf32" for float32 operands rounded to TF32
+# (10 mantissa bits; a tensor core may truncate rather than round, so its operands carry up to
+# 2^-10 relative error each and a bias of the same size, hence rtol = 2^-10). 16-bit and TF32
+# computations accumulate in float32. The atol of TF32 (6 units of 2^-11) sits at ~7 standard
+# deviations of TF32's operand rounding error and ~1.5 of bfloat16's (2^-8 per operand), so
+# legit TF32 passes and a computation that rounds to bfloat16 somewhere fails
+# (tests/test_util.py shows both).
+TOLERANCES = {
+    "float64": Tolerance(rel_l2=1e-10, rtol=64 * _U64, atol=64 * _U64, acc=8 * _U64),
+    "float32": Tolerance(rel_l2=1e-5, rtol=32 * _U32, atol=32 * _U32, acc=8 * _U32),
+    "tf32": Tolerance(rel_l2=3e-3, rtol=2.0 ** -10, atol=6 * 2.0 ** -11, acc=8 * _U32),
+    "float16": Tolerance(rel_l2=1e-2, rtol=2.0 ** -10, atol=2.0 ** -9, acc=8 * _U32),
+    "bfloat16": Tolerance(rel_l2=1e-2, rtol=2.0 ** -7, atol=2.0 ** -6, acc=8 * _U32),
 }
+
+# Relative L2 error allowed per dtype (DESIGN.md section 5).
+TOL = {np.dtype(getattr(jnp, k)): t.rel_l2 for k, t in TOLERANCES.items() if k != "tf32"}
+
+
+def tolerance(dtype) -> Tolerance:
+    """The Tolerance of a dtype, or of "tf32"."""
+    return TOLERANCES["tf32" if isinstance(dtype, str) and dtype == "tf32" else
+                      np.dtype(dtype).name]
+
+
+# Every skip for want of a GPU or of the CUDA module gives a reason that starts with GPU_SKIP:
+# with JAXDNN_REQUIRE_GPU=1 (dev/device.sh sets it on the GPU machine) tests/conftest.py turns
+# those skips into failures.
+GPU_SKIP = "no usable GPU"
 
 
 @functools.cache
-def has_gpu() -> bool:
+def gpu_missing() -> str | None:
+    """Why jaxdnn cannot run on a GPU here (None when it can)."""
+    if _ffi._cuda is None:
+        return f"{GPU_SKIP}: jaxdnn was built without CUDA"
     try:
-        return len(jax.devices("gpu")) > 0
+        if jax.devices("gpu"):
+            return None
     except RuntimeError:
-        return False
+        pass
+    return f"{GPU_SKIP}: jax sees no GPU"
+
+
+def has_gpu() -> bool:
+    """Whether jaxdnn can run on a GPU here (a GPU and the CUDA module)."""
+    return gpu_missing() is None
+
+
+def cuda_module_missing() -> str | None:
+    """Why the CUDA module is absent (None when it is there): registry and lowering tests need
+    it, not a GPU."""
+    return None if _ffi._cuda is not None else f"{GPU_SKIP}: jaxdnn was built without CUDA"
+
+
+# Marks of tests that need a GPU: skipped without one (failed under JAXDNN_REQUIRE_GPU=1, by
+# tests/conftest.py); `gpu` also selects them for `pytest -k gpu`. As a module's pytestmark, or
+# one test's decorator through needs_gpu.
+GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not has_gpu(), reason=str(gpu_missing()))]
+# Registry and lowering tests need the CUDA module, not a GPU.
+needs_cuda_module = pytest.mark.skipif(cuda_module_missing() is not None,
+                                       reason=str(cuda_module_missing()))
+
+
+def needs_gpu(f):
+    """Decorator: the GPU_MARKS."""
+    for mark in GPU_MARKS:
+        f = mark(f)
+    return f
 
 
 # Platforms every op test runs on: the CPU always, the GPU when there is one.
@@ -37,9 +115,9 @@ PLATFORMS = ("cpu", "gpu")
 
 
 def device(platform: str):
-    """The first device of `platform`, or skip the test when there is none."""
+    """The first device of `platform`, or skip the test when jaxdnn cannot run there."""
     if platform == "gpu" and not has_gpu():
-        pytest.skip("no GPU")
+        pytest.skip(gpu_missing())
     return jax.devices(platform)[0]
 
 
@@ -64,10 +142,24 @@ def rel_l2(out, ref) -> float:
     return float(err / denom) if denom > 0 else float(err)
 
 
-def assert_close(out, ref, dtype, *, tol=None, what=""):
-    """Relative L2 error over the finite reference values within the dtype's tolerance, with
-    NaN and inf exactly where the reference has them. A NaN the reference lacks (for example
-    a poisoned element the kernel never wrote) always fails."""
+def _rms(a) -> float:
+    return float(np.sqrt(np.mean(np.square(a)))) if a.size else 0.0
+
+
+def assert_close(out, ref, dtype, *, tol=None, scale=None, k=1, what=""):
+    """`out` against a float64 reference `ref` by the two bounds of DESIGN.md section 5, with
+    NaN and inf exactly where the reference has them (a NaN the reference lacks, such as a
+    poisoned element the kernel never wrote, always fails).
+
+    dtype: the arithmetic whose tolerance applies (a dtype, or "tf32").
+    tol: a relative L2 tolerance in place of the dtype's, for a computation known to be less
+      accurate (the elementwise bound takes that through `scale`).
+    scale: per output (broadcastable to ref), the magnitude of the terms it sums: for a
+      bilinear op such as a convolution sqrt(op(x**2, w**2)), the L2 norm of the products each
+      output adds up (op(|x|, |w|), their L1 norm, is a looser alternative). Default: the RMS
+      of the finite reference values, which is about that for random operands.
+    k: the length of the reduction behind each output (1 for elementwise ops).
+    """
     out = np.asarray(out, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     assert out.shape == ref.shape, f"{what}: shape {out.shape} != reference {ref.shape}"
@@ -77,9 +169,27 @@ def assert_close(out, ref, dtype, *, tol=None, what=""):
     assert np.array_equal(out[inf], ref[inf]), f"{what}: infinities differ from the reference"
     finite = np.isfinite(ref)
     assert np.isfinite(out[finite]).all(), f"{what}: inf where the reference is finite"
-    tol = TOL[np.dtype(dtype)] if tol is None else tol
+    t = tolerance(dtype)
+    if tol is not None:
+        t = dataclasses.replace(t, rel_l2=tol)
+    if scale is None:
+        scale = _rms(ref[finite])
+    scale = np.broadcast_to(np.asarray(scale, np.float64), ref.shape)
+    bound = np.where(finite, t.rtol * np.abs(np.where(finite, ref, 0.0)), 0.0) + \
+        scale * (t.atol + t.acc * np.sqrt(k))
+    diff = np.zeros(ref.shape)
+    diff[finite] = np.abs(out[finite] - ref[finite])
+    bad = diff > bound
+    if bad.any():
+        ratio = np.where(bad, diff / np.maximum(bound, np.finfo(np.float64).tiny), 0.0)
+        i = np.unravel_index(np.argmax(ratio), ref.shape)
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {ref.size} elements outside the elementwise bound "
+            f"|out - ref| <= {t.rtol:.2e} * |ref| + scale * ({t.atol:.2e} + {t.acc:.2e} * "
+            f"sqrt({k})); worst at {tuple(int(v) for v in i)}: out {out[i]!r}, ref {ref[i]!r}, "
+            f"|diff| {diff[i]:.3e} > bound {bound[i]:.3e} (scale {scale[i]:.3e})")
     err = rel_l2(out[finite], ref[finite])
-    assert err <= tol, f"{what}: relative L2 error {err:.3e} > {tol:.1e}"
+    assert err <= t.rel_l2, f"{what}: relative L2 error {err:.3e} > {t.rel_l2:.1e}"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: usable as a static argument

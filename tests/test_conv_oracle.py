@@ -1,0 +1,330 @@
+"""Every CUDA conv algorithm, in every direction and arithmetic it supports, against jax.lax in
+float64 on the CPU, on the ResNet-50 layers (N=2; the 224x224 stem at N=1), the depthwise layers
+of MobileNet-like networks, odd sizes and channel counts, 1-D and 3-D problems and the grid of
+kernel paths of tests/test_conv_gpu_algorithms.py.
+
+Each test asks the CUDA registry which algorithms support each direction of its problem and runs
+every one of them with that direction forced, so a newly registered algorithm is tested without
+touching this file; test_cases_reach_every_algorithm checks on the CPU (it needs the CUDA module,
+not a GPU) that the cases reach every (algorithm, direction, arithmetic) the registry has.
+
+Arithmetics: float32 exact (precision="highest"), TF32 (float32 at the default precision),
+float16 and bfloat16, each with its own tolerance (tests/util.py). The float32 operands are
+random normal float32; the 16-bit ones random normal rounded to bfloat16 away from zero
+(|v| >= 2^-6), which float16 also holds exactly, so one float64 reference serves both. Outputs
+are poisoned (tests/conftest.py): an element an algorithm never writes fails.
+
+JAXDNN_ORACLE_ALGOS=a,b restricts the algorithms run (test_gpu_wide_tiles_forced uses it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import zlib
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxdnn
+from jaxdnn.ops import conv as conv_ops
+
+from util import ROOT, ConvCase, assert_close, channels_last, needs_cuda_module, needs_gpu
+
+NHWC = channels_last(2)
+
+
+def _case(name, x_shape, w_shape, **kw):
+    kw.setdefault("dimension_numbers", channels_last(len(x_shape) - 2))
+    return ConvCase(name, tuple(x_shape), tuple(w_shape), kw)
+
+
+def _layer(name, n, hw, cin, cout, k, stride, pad, groups=1):
+    return _case(name, (n, hw, hw, cin), (k, k, cin // groups, cout),
+                 window_strides=(stride, stride), padding=((pad, pad), (pad, pad)),
+                 feature_group_count=groups)
+
+
+# ResNet-50 (DESIGN.md section 6): (H=W, Cin, Cout, kernel, stride, pad).
+RESNET = [
+    _layer("conv1_7x7s2", 1, 224, 3, 64, 7, 2, 3), _layer("l1_1x1_64_64", 2, 56, 64, 64, 1, 1, 0),
+    _layer("l1_3x3_64", 2, 56, 64, 64, 3, 1, 1), _layer("l1_1x1_64_256", 2, 56, 64, 256, 1, 1, 0),
+    _layer("l2_3x3_128", 2, 28, 128, 128, 3, 1, 1),
+    _layer("l2_1x1_512_128", 2, 28, 512, 128, 1, 1, 0),
+    _layer("l3_3x3_256", 2, 14, 256, 256, 3, 1, 1),
+    _layer("l3_1x1_256_1024", 2, 14, 256, 1024, 1, 1, 0),
+    _layer("l4_3x3_512", 2, 7, 512, 512, 3, 1, 1), _layer("l4_3x3s2_256", 2, 28, 256, 256, 3, 2, 1),
+]
+DEPTHWISE = [
+    _layer("dw3x3_144", 2, 56, 144, 144, 3, 1, 1, groups=144),
+    _layer("dw7x7_96", 2, 56, 96, 96, 7, 1, 3, groups=96),
+]
+ODD = [
+    _case("odd_3_to_24_5x5_s2", (2, 17, 15, 3), (5, 5, 3, 24), window_strides=(2, 2),
+          padding=((2, 2), (2, 2))),
+    _case("odd_5_to_17_same", (2, 13, 11, 5), (3, 3, 5, 17), window_strides=(1, 1),
+          padding="SAME"),
+    _case("odd_17_to_24_s2_asym", (3, 9, 7, 17), (3, 3, 17, 24), window_strides=(2, 2),
+          padding=((1, 0), (0, 1))),
+    _case("odd_24_to_5_1x1", (2, 11, 13, 24), (1, 1, 24, 5), window_strides=(1, 1),
+          padding="VALID"),
+    _case("odd_24_to_24_3x3", (2, 15, 13, 24), (3, 3, 24, 24), window_strides=(1, 1),
+          padding="SAME"),
+    _case("odd_groups_3", (2, 9, 11, 24), (3, 3, 8, 9), window_strides=(1, 1), padding="SAME",
+          feature_group_count=3),
+    _case("odd_dilated_17_to_24", (2, 15, 13, 17), (3, 3, 17, 24), window_strides=(1, 1),
+          padding="SAME", rhs_dilation=(2, 2)),
+    _case("odd_depthwise_24_5x5_s2", (2, 15, 13, 24), (5, 5, 1, 24), window_strides=(2, 2),
+          padding=((2, 2), (2, 2)), feature_group_count=24),
+    _case("odd_depthwise_3x3_17", (2, 13, 11, 16), (3, 3, 1, 16), window_strides=(1, 1),
+          padding=((1, 1), (1, 1)), feature_group_count=16),
+]
+ONE_THREE_D = [
+    _case("1d_24_to_17", (4, 37, 24), (5, 24, 17), window_strides=(1,), padding=((2, 2),)),
+    _case("1d_s2_dilated_5_to_24", (3, 61, 5), (7, 5, 24), window_strides=(2,),
+          padding=((3, 4),), rhs_dilation=(2,)),
+    _case("1d_64_to_128", (2, 129, 64), (3, 64, 128), window_strides=(1,), padding="SAME"),
+    _case("3d_16_to_24", (2, 7, 9, 8, 16), (3, 3, 3, 16, 24), window_strides=(1, 1, 1),
+          padding="SAME"),
+    _case("3d_odd_3_to_5", (1, 5, 6, 7, 3), (3, 3, 3, 3, 5), window_strides=(1, 2, 1),
+          padding=((1, 1), (1, 1), (0, 2))),
+    _case("3d_64_to_64_1x1x1", (2, 4, 6, 5, 64), (1, 1, 1, 64, 64), window_strides=(1, 1, 1),
+          padding="VALID"),
+]
+# The kernel paths' own grid (comments in tests/test_conv_gpu_algorithms.py).
+GRID = [
+    _case("3x3_same", (2, 9, 11, 16), (3, 3, 16, 24), window_strides=(1, 1), padding="SAME"),
+    _case("3x3_stride2_asym", (3, 13, 10, 8), (3, 3, 8, 16), window_strides=(2, 2),
+          padding=((1, 2), (0, 1))),
+    _case("classes_stride3_empty", (2, 10, 11, 16), (1, 1, 16, 32), window_strides=(3, 3),
+          padding="VALID"),
+    _case("1x1_two_n_tiles", (2, 7, 9, 32), (1, 1, 32, 136), window_strides=(1, 1),
+          padding="VALID"),
+    _case("dilated", (1, 12, 12, 8), (3, 3, 8, 8), window_strides=(1, 1), padding="SAME",
+          rhs_dilation=(2, 2)),
+    _case("lhs_dilated", (2, 6, 5, 8), (3, 2, 8, 16), window_strides=(1, 2),
+          padding=((1, 2), (0, 1)), lhs_dilation=(2, 3)),
+    _case("groups", (2, 8, 8, 32), (3, 3, 16, 48), window_strides=(1, 1), padding="SAME",
+          feature_group_count=2),
+    _case("many_tiles_split_k", (4, 30, 30, 64), (3, 3, 64, 64), window_strides=(1, 1),
+          padding="SAME"),
+    _case("wide_reduction", (8, 16, 16, 64), (3, 3, 64, 128), window_strides=(1, 1),
+          padding="SAME"),
+    _case("halo_3x3_asym", (3, 28, 21, 128), (3, 3, 128, 192), window_strides=(1, 1),
+          padding=((2, 0), (0, 2))),
+    _case("halo_2x5", (2, 30, 15, 64), (2, 5, 64, 128), window_strides=(1, 1),
+          padding=((1, 0), (2, 2))),
+    _case("im2col_s2_dilated", (3, 15, 13, 64), (3, 3, 64, 128), window_strides=(2, 2),
+          padding=((1, 2), (0, 1)), rhs_dilation=(1, 2)),
+    _case("im2col_groups", (2, 9, 10, 128), (3, 3, 64, 128), window_strides=(1, 1),
+          padding="SAME", feature_group_count=2),
+    _case("im2col_256_columns", (2, 9, 7, 256), (3, 3, 256, 256), window_strides=(1, 1),
+          padding=((1, 0), (0, 2))),
+    _case("im2col_512_outputs_s2", (3, 5, 11, 64), (1, 1, 64, 512), window_strides=(2, 2),
+          padding="VALID"),
+    _case("im2col_tf32_32_channels", (2, 7, 11, 32), (2, 3, 32, 96), window_strides=(1, 1),
+          padding=((1, 0), (2, 1))),
+    _case("ragged_96_inputs", (2, 10, 9, 96), (3, 3, 96, 64), window_strides=(1, 1),
+          padding="SAME"),
+    _case("stem_3_channels", (2, 17, 17, 3), (7, 7, 3, 64), window_strides=(2, 2),
+          padding=((3, 3), (3, 3))),
+    _case("padded_136_outputs", (2, 9, 10, 5), (3, 3, 5, 136), window_strides=(1, 1),
+          padding="SAME"),
+    _case("groups_6_channels", (2, 9, 8, 12), (3, 3, 6, 16), window_strides=(1, 1),
+          padding="SAME", feature_group_count=2),
+    _case("depthwise", (2, 12, 13, 24), (3, 3, 1, 24), window_strides=(1, 1), padding="SAME",
+          feature_group_count=24),
+    _case("depthwise_3x3_asym_pad", (3, 9, 10, 20), (3, 3, 1, 20), window_strides=(1, 1),
+          padding=((0, 2), (2, 0)), feature_group_count=20),
+    _case("depthwise_7x7_s2", (2, 15, 14, 16), (7, 7, 1, 32), window_strides=(2, 2),
+          padding=((3, 3), (3, 3)), feature_group_count=16),
+]
+CASES = RESNET + DEPTHWISE + ODD + ONE_THREE_D + GRID
+assert len({c.name for c in CASES}) == len(CASES)
+
+# (name, operand dtype, precision): the arithmetics a float32 / 16-bit problem runs in.
+ARITHMETICS = [("float32", jnp.float32, "highest"), ("tf32", jnp.float32, "default"),
+               ("float16", jnp.float16, None), ("bfloat16", jnp.bfloat16, None)]
+DIRECTIONS = ("fwd", "bwd_data", "bwd_filter")
+ONLY = [a for a in os.environ.get("JAXDNN_ORACLE_ALGOS", "").split(",") if a]
+
+
+def _out_shape(case):
+    return jax.eval_shape(partial(lax.conv_general_dilated, **case.kw),
+                          jax.ShapeDtypeStruct(case.x_shape, jnp.float64),
+                          jax.ShapeDtypeStruct(case.w_shape, jnp.float64)).shape
+
+
+def _problems(case, dtype, precision):
+    """{direction: ConvProblem} of the case's convolution and its two gradients."""
+    def f(x, w, dy):
+        fn = partial(jaxdnn.conv_general_dilated, **case.kw, precision=precision)
+        y, vjp = jax.vjp(fn, x, w)
+        return y, vjp(dy)
+
+    shapes = (case.x_shape, case.w_shape, _out_shape(case))
+    found = jaxdnn.conv_problems(f, *(jax.ShapeDtypeStruct(s, dtype) for s in shapes))
+    problems = {p.direction: p for p in found}
+    assert sorted(problems) == sorted(DIRECTIONS)
+    return problems
+
+
+def _operands(case, sixteen_bit):
+    """(x, w, dy) in float64: random normal float32 values, or values bfloat16 and float16
+    both hold exactly (bfloat16-rounded, |v| >= 2^-6)."""
+    rng = np.random.default_rng(zlib.crc32(case.name.encode()))
+    out = []
+    for shape in (case.x_shape, case.w_shape, _out_shape(case)):
+        a = rng.standard_normal(shape)
+        if sixteen_bit:
+            a = np.sign(a) * np.maximum(np.abs(a), 2.0 ** -6)
+            a = a.astype(ml_dtypes.bfloat16)
+        out.append(np.asarray(a, np.float32).astype(np.float64))
+    return tuple(out)
+
+
+def _lax_all(case, x, w, dy):
+    """(y, dx, dw) of the case by jax.lax in float64 on the CPU."""
+    cpu = jax.devices("cpu")[0]
+    x, w, dy = (jax.device_put(a, cpu) for a in (x, w, dy))
+    y, vjp = jax.vjp(partial(lax.conv_general_dilated, **case.kw,
+                             precision=lax.Precision.HIGHEST), x, w)
+    return tuple(np.asarray(a) for a in (y, *vjp(dy)))
+
+
+@functools.cache
+def _reference(case, sixteen_bit):
+    """{direction: (operands a, b, reference, scale)}: the float64 results and, per output,
+    the L2 norm of the products it sums (sqrt of the same op on the squared operands).
+    Cached: every arithmetic with the same operands and every algorithm shares them."""
+    x, w, dy = _operands(case, sixteen_bit)
+    refs = _lax_all(case, x, w, dy)
+    scales = tuple(np.sqrt(np.maximum(s, 0.0)) for s in _lax_all(case, x * x, w * w, dy * dy))
+    inputs = {"fwd": (x, w), "bwd_data": (dy, w), "bwd_filter": (x, dy)}
+    return {d: (*inputs[d], r, s) for d, r, s in zip(DIRECTIONS, refs, scales)}
+
+
+def _reduction_length(case, direction):
+    """An upper bound of the number of products each output of `direction` sums."""
+    nd = len(case.x_shape) - 2
+    groups = case.kw.get("feature_group_count", 1)
+    taps = int(np.prod(case.w_shape[:nd]))
+    if direction == "fwd":
+        return taps * case.w_shape[nd]
+    if direction == "bwd_data":
+        return taps * case.w_shape[-1] // groups
+    return int(np.prod(_out_shape(case)[:-1]))
+
+
+def _supported(problem):
+    return [a.name for a in jaxdnn.conv_algorithms(problem, "cuda")
+            if a.supported and (not ONLY or a.name in ONLY)]
+
+
+def _all_algorithms(problems):
+    """[(algorithm, direction)] the registry supports, and one jitted function running them all
+    on {direction: (a, b)} (one compilation per case and arithmetic, not per algorithm)."""
+    runs = [(name, d) for d, p in problems.items() for name in _supported(p)]
+
+    def run(operands):
+        return [conv_ops._bind(d, *operands[d], spec=problems[d].spec,
+                               out_dtype=problems[d].out_dtype, policy=(False, False, -1),
+                               algo=tuple(name if e == d else None for e in DIRECTIONS))
+                for name, d in runs]
+
+    return runs, jax.jit(run)
+
+
+@pytest.mark.parametrize("arith", ARITHMETICS, ids=lambda a: a[0])
+@pytest.mark.parametrize("case", CASES, ids=str)
+@needs_gpu
+def test_gpu_algorithms_match_lax(case, arith):
+    kind, dtype, precision = arith
+    gpu = jax.devices("gpu")[0]
+    problems = _problems(case, dtype, precision)
+    assert all(p.spec.tf32 == (kind == "tf32") for p in problems.values())
+    refs = _reference(case, sixteen_bit=np.dtype(dtype).itemsize == 2)
+    operands = {}
+    for d, problem in problems.items():
+        a_shape, b_shape, _ = conv_ops._shapes(d, problem.spec)
+        a, b = refs[d][:2]
+        operands[d] = (jax.device_put(a.astype(dtype).reshape(a_shape), gpu),
+                       jax.device_put(b.astype(dtype).reshape(b_shape), gpu))
+    runs, run = _all_algorithms(problems)
+    for (name, d), out in zip(runs, run(operands)):
+        ref, scale = refs[d][2:]
+        assert out.dtype == problems[d].out_dtype
+        assert_close(np.asarray(out).reshape(ref.shape), ref, kind, scale=scale,
+                     k=_reduction_length(case, d), what=f"{name} {d} {case} {kind}")
+    assert {d for _, d in runs} == set(DIRECTIONS) or ONLY, f"directions run: {runs}"
+
+
+WIDE = ["im2col_256_columns", "im2col_512_outputs_s2", "l3_3x3_256", "l3_1x1_256_1024",
+        "l4_3x3_512", "l4_3x3s2_256"]
+
+
+@needs_gpu
+def test_gpu_wide_tiles_forced():
+    """implicit_precomp_gemm's 256-column tiles (and the two ordered splits that come with them
+    on short grids) are taken by size (cc/conv/cuda_gemm_conv.cuh: wide_plan): at N=2 none of
+    the cases above is large enough, so the user's default never reaches them here. This runs
+    the cases with 256-column GEMMs again with JAXDNN_CONV_BN256=1, which takes them at any size
+    (read once per process: a subprocess)."""
+    env = dict(os.environ, JAXDNN_CONV_BN256="1", JAXDNN_ORACLE_ALGOS="implicit_precomp_gemm",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    keys = " or ".join(f"{c}-" for c in WIDE)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                          "no:xdist", str(ROOT / "tests" / "test_conv_oracle.py"), "-k",
+                          f"test_gpu_algorithms_match_lax and ({keys})"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert f"{len(WIDE) * len(ARITHMETICS)} passed" in run.stdout, run.stdout[-3000:]
+
+
+# ---- coverage: needs the CUDA module, not a GPU ----------------------------------------------
+
+def _coverage(cases):
+    """({(algorithm, direction, arithmetic): [case names that it supports]},
+    {(algorithm, direction, arithmetic): {case name: why not}}) over `cases`."""
+    reached, refused = {}, {}
+    for case in cases:
+        for kind, dtype, precision in ARITHMETICS:
+            for direction, problem in _problems(case, dtype, precision).items():
+                for a in jaxdnn.conv_algorithms(problem, "cuda"):
+                    key = (a.name, direction, kind)
+                    if a.supported:
+                        reached.setdefault(key, []).append(case.name)
+                    else:
+                        refused.setdefault(key, {})[case.name] = a.reason
+    return reached, refused
+
+
+@needs_cuda_module
+def test_cases_reach_every_algorithm():
+    """Every registered CUDA algorithm runs on some case, and so does each of its (direction,
+    arithmetic) pairs, unless the registry refuses that pair, for one and the same reason, on
+    every case where the algorithm runs otherwise (fused winograd: "no bwd_filter"); and each
+    runs on the ResNet-50 / depthwise layers, the odd sizes or the 1-D/3-D problems, not only
+    on the small grid."""
+    reached, refused = _coverage(CASES)
+    names = {n for n, _, _ in (*reached, *refused)}
+    assert {n for n, _, _ in reached} == names
+    for name in sorted(names):
+        runs_on = {c for (n, _, _), cases in reached.items() if n == name for c in cases}
+        for direction in DIRECTIONS:
+            for kind, _, _ in ARITHMETICS:
+                key = (name, direction, kind)
+                if key not in reached:
+                    why = {refused[key][c] for c in runs_on}
+                    assert len(why) == 1, f"{key}: no case; refused for {sorted(why)}"
+    realistic = {c.name for c in RESNET + DEPTHWISE + ODD + ONE_THREE_D}
+    only_grid = sorted(k for k, cases in reached.items() if not realistic & set(cases))
+    assert not only_grid, f"reached only by the small grid: {only_grid}"
