@@ -223,8 +223,6 @@ EMPTY = [((2, 0, 7, 64), (3, 3, 64, 64), 0),  # empty input rows
          ((2, 6, 7, 16), (3, 3, 16, 0), 1)]   # no output channels
 
 
-@pytest.mark.xfail(strict=True, reason="reported: the CUDA registry divides by zero (SIGFPE in "
-                   "split_plan, cc/conv/cuda_gemm_conv.cuh) on problems with an empty output")
 @needs_cuda_module
 def test_registry_answers_empty_problems():
     """Problems with an empty operand (the CPU runs them: tests/test_conv.py) get an answer

@@ -149,6 +149,24 @@ struct Args {
   ResultRows rows;          // dense unless set by the strided bwd_data classes
 };
 
+// An empty problem: no output element, or nothing in each output's sum (no input pixel, no
+// channel or no filter tap). The tiled algorithms' plans divide by tile and slice counts, so
+// only `direct`, which loops over the outputs (writing zeros where a sum is empty), runs one.
+inline bool is_empty(const Problem& p) {
+  bool empty = p.N == 0 || p.K == 0 || p.C == 0;
+  for (int a = 0; a < 3; ++a) empty = empty || p.in[a] == 0 || p.filt[a] == 0 || p.out[a] == 0;
+  return empty;
+}
+
+// Whether algorithm `a` of any registry runs `args`: its own supports(), behind the rule every
+// registry shares (an empty problem runs on `direct`). Every caller asks through this.
+template <typename Algo>
+Support algorithm_supports(const Algo& a, const Args& args) {
+  if (is_empty(args.p) && std::string(a.name) != "direct")
+    return Support::No("the problem is empty (no output, or nothing to sum): direct runs it");
+  return a.supports(args);
+}
+
 // The three buffers of a call, named by role in the *forward* problem. For kFwd, x and w are
 // read and y written; kBwdData reads y (= dy) and w and writes x (= dx); kBwdFilter reads x
 // and y (= dy) and writes w (= dw).

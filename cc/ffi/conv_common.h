@@ -100,7 +100,7 @@ ffi::Error prepare_conv_call(conv::Direction dir, const ffi::AnyBuffer& a, const
   if (!err.empty()) return invalid(where + ": " + err);
   *alg = find(std::string(algo).c_str());
   if (*alg == nullptr) return invalid(where + ": unknown algorithm '" + std::string(algo) + "'");
-  Support sup = (*alg)->supports(*args);
+  Support sup = conv::algorithm_supports(**alg, *args);
   if (!sup.ok) return invalid(where + " " + std::string(algo) + ": " + sup.reason);
   return ffi::Error::Success();
 }

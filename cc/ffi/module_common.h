@@ -41,7 +41,8 @@ nanobind::list describe_conv_algorithms(const std::vector<const Algo*>& all, con
   nanobind::list out;
   Status valid = conv::validate(args.p);
   for (const Algo* a : all) {
-    Support s = valid.ok() ? a->supports(args) : Support::No(valid.message);
+    Support s = valid.ok() ? conv::algorithm_supports(*a, args)
+                           : Support::No(valid.message);
     nanobind::dict d;
     d["name"] = a->name;
     d["supported"] = s.ok;

@@ -37,7 +37,7 @@ NB_MODULE(_cuda, m) {
         conv::Args args = ffi_util::decode_conv_args(direction, problem, in_dtype, out_dtype);
         const conv::CudaAlgorithm* alg = conv::find_cuda_algorithm(name.c_str());
         if (alg == nullptr) throw std::invalid_argument("unknown CUDA conv algorithm " + name);
-        Support sup = alg->supports(args);
+        Support sup = conv::algorithm_supports(*alg, args);
         if (!sup.ok) throw std::invalid_argument(name + ": " + sup.reason);
         std::vector<float> ms;
         Status st = conv::time_cuda_algorithm(*alg, args, repeats, &ms);
