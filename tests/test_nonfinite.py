@@ -13,6 +13,7 @@ import pytest
 from jax import lax
 
 import jaxdnn
+from jaxdnn.ops import norm as norm_ops
 from util import PLATFORMS, assert_close, device, on
 
 CPU = jax.devices("cpu")[0]
@@ -89,3 +90,183 @@ def test_max_pool_gradient_of_inf_windows_and_ties(case, dtype, platform):
     y, dx = run(*on(platform, x, ct))
     np.testing.assert_array_equal(np.asarray(y, np.float64), np.asarray(ref_y), err_msg="y")
     np.testing.assert_array_equal(np.asarray(dx, np.float64), np.asarray(ref_dx), err_msg="dx")
+
+
+# ----------------------------------------------------------------------------------------------
+# Normalisation statistics: jnp.mean / jnp.var of groups holding inf and NaN
+# ----------------------------------------------------------------------------------------------
+
+def _pattern(members: np.ndarray, kind: int, x: np.ndarray):
+    """Writes non-finite pattern `kind` into the group whose flat indices (memory order) are
+    `members`. The first member is the one the kernels subtract as a shift, and slices,
+    blocks and pieces start at others."""
+    flat = x.reshape(-1)
+    n = members.size
+    mid, last = members[n // 2], members[-1]
+    if kind == 1:
+        flat[members[0]] = np.inf
+    elif kind == 2:
+        flat[last] = np.inf
+    elif kind == 3:
+        flat[members[::7]] = np.inf
+    elif kind == 4:
+        flat[members[0]] = flat[mid] = -np.inf
+    elif kind == 5:
+        flat[members[0]], flat[last] = np.inf, -np.inf
+    elif kind == 6:
+        flat[mid] = np.nan
+    elif kind == 7:
+        flat[members] = np.inf
+    elif kind == 8:
+        flat[mid] = np.inf
+    elif kind == 9:
+        flat[members[1::3]] = -np.inf
+    # kind 0: finite (a control group)
+
+
+def _group_ids(op, shape, axis=None, groups=None, layout=None):
+    """The statistics group of every element of x, numbered like the kernels' mean and var:
+    batch norm per channel, layer / RMS norm per row, group norm per (sample, group)."""
+    nd = len(shape)
+    if op == "batch_norm":
+        ax = axis % nd
+        return np.broadcast_to(np.arange(shape[ax]).reshape(
+            [shape[a] if a == ax else 1 for a in range(nd)]), shape)
+    if op in ("layer_norm", "rms_norm"):  # over the last axis
+        return np.broadcast_to(np.arange(int(np.prod(shape[:-1]))).reshape(*shape[:-1], 1),
+                               shape)
+    cf = layout is not None and layout[1] == "C" and nd > 2
+    c_axis = 1 if cf else nd - 1
+    c = shape[c_axis]
+    chan = np.arange(c).reshape([c if a == c_axis else 1 for a in range(nd)])
+    n = np.arange(shape[0]).reshape([shape[0]] + [1] * (nd - 1))
+    return np.broadcast_to(n * groups + chan // (c // groups), shape)
+
+
+def _nonfinite_input(rng, shape, dtype, gid):
+    """Random x with pattern g % 10 in group g; the group's members in memory order."""
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(np.float64)
+    flat_gid = gid.reshape(-1)
+    groups = int(flat_gid.max()) + 1
+    members = [np.flatnonzero(flat_gid == g) for g in range(groups)]
+    for g in range(groups):
+        _pattern(members[g], g % 10, x)
+    return x.astype(np.dtype(dtype)), members
+
+
+def _ref_stats(x, members, centered):
+    """jnp.mean and jnp.var of each group (RMS norm: mean 0, var the mean square) in float64."""
+    flat = jnp.asarray(np.asarray(x, np.float64).reshape(-1))
+    with jax.default_device(CPU):
+        if centered:
+            mean = np.array([jnp.mean(flat[m]) for m in members])
+            var = np.array([jnp.var(flat[m]) for m in members])
+        else:
+            mean = np.zeros(len(members))
+            var = np.array([jnp.mean(jnp.square(flat[m])) for m in members])
+    return mean, var
+
+
+def _ref_y(x, gid, mean, var, scale, bias, centered, param_index):
+    eps = float(np.float32(1e-5))
+    x64 = np.asarray(x, np.float64)
+    m, v = mean[gid], var[gid]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        y = (x64 - m) / np.sqrt(v + eps) * scale[param_index]
+        return y + bias[param_index] if centered else y
+
+
+def _stats_tol(dtype):
+    return 1e-10 if np.dtype(dtype) == np.float64 else 1e-5  # as tests/test_norm.py
+
+
+# (op, x shape, keyword arguments). Every statistics path: rows (layer / RMS norm, and a batch
+# norm of one sample: groups of one value), columns (channels-last batch and group norm: few
+# rows, several row slices, the GPU's single-pass kernel at 16 channels) and segments
+# (channels-first: short segments, CPU blocks of 1024 within a segment, the GPU's single-pass
+# kernel and its split forward at 512+ values).
+NORM_CASES = [
+    ("batch_norm", (1, 10), dict(axis=-1)),
+    ("batch_norm", (7, 10), dict(axis=-1)),
+    ("batch_norm", (3, 1000, 10), dict(axis=-1)),
+    ("batch_norm", (4, 6, 5, 16), dict(axis=-1)),
+    ("batch_norm", (4, 10, 37), dict(axis=1)),
+    ("batch_norm", (2, 10, 3000), dict(axis=1)),
+    ("batch_norm", (2, 16, 8, 8), dict(axis=1)),
+    ("batch_norm", (3, 10, 16, 40), dict(axis=1)),
+    ("layer_norm", (10, 37), dict(axis=-1)),
+    ("layer_norm", (10, 3000), dict(axis=-1)),
+    ("layer_norm", (10, 40003), dict(axis=-1)),
+    ("rms_norm", (10, 37), dict(axis=-1)),
+    ("rms_norm", (10, 40003), dict(axis=-1)),
+    ("group_norm", (2, 5, 6, 10), dict(groups=5)),
+    ("group_norm", (2, 10, 5, 6), dict(groups=5, layout="NCHW")),
+    ("group_norm", (2, 8, 32, 32), dict(groups=4, layout="NCHW")),
+]
+
+
+def _norm_case_id(c):
+    return f"{c[0]}{c[1]}" + ("" if not c[2].get("layout") else c[2]["layout"]) + (
+        f"_axis{c[2]['axis']}" if "axis" in c[2] else "")
+
+
+def _run_norm(op, x, scale, bias, kw, monkeypatch):
+    """(y, mean, var) of the op, the statistics read from the training forward primitive (the
+    layer, RMS and group norms return only y)."""
+    seen = {}
+    train = norm_ops._train
+
+    def spy(*args, **kwargs):
+        y, mean, var = train(*args, **kwargs)
+        seen["stats"] = (mean, var)
+        return y, mean, var
+
+    monkeypatch.setattr(norm_ops, "_train", spy)
+    f = getattr(jaxdnn, op)
+    out = f(x, scale, **kw) if op == "rms_norm" else f(x, scale, bias, **kw)
+    y = out[0] if op == "batch_norm" else out
+    mean, var = seen["stats"]
+    return y, np.asarray(mean).reshape(-1), np.asarray(var).reshape(-1)
+
+
+@pytest.mark.parametrize("calls", ["1", "2"])
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=_ids)
+@pytest.mark.parametrize("case", NORM_CASES, ids=_norm_case_id)
+def test_norm_statistics_of_nonfinite_groups(case, dtype, platform, calls, monkeypatch):
+    """mean is jnp.mean's (+inf for +inf values, -inf for -inf, NaN for both or a NaN, also
+    when the group's first value, the kernels' shift, is infinite), var jnp.var's (NaN for any
+    non-finite value; RMS norm: the mean square, inf for an infinity), y follows from them.
+    On the GPU both forms of the training forward: one call, and statistics and apply as two
+    calls (JAXDNN_NORM_ONE_CALL)."""
+    device(platform)
+    if calls == "2" and platform == "cpu":
+        pytest.skip("the CPU forward is one call")
+    monkeypatch.setenv("JAXDNN_NORM_ONE_CALL", "1" if calls == "1" else "0")
+    op, shape, kw = case
+    centered = op != "rms_norm"
+    gid = _group_ids(op, shape, kw.get("axis"), kw.get("groups"), kw.get("layout"))
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x, members = _nonfinite_input(rng, shape, dtype, gid)
+    # scale / bias and the index of each element's parameter
+    if op == "batch_norm":
+        pidx = gid
+    elif op in ("layer_norm", "rms_norm"):
+        pidx = np.broadcast_to(np.arange(shape[-1]), shape)
+    else:
+        cf = kw.get("layout") is not None
+        c_axis = 1 if cf else len(shape) - 1
+        pidx = np.broadcast_to(np.arange(shape[c_axis]).reshape(
+            [shape[c_axis] if a == c_axis else 1 for a in range(len(shape))]), shape)
+    sd = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    nparam = int(pidx.max()) + 1
+    scale = (rng.standard_normal(nparam) + 1.5).astype(sd)
+    bias = rng.standard_normal(nparam).astype(sd)
+    y, mean, var = _run_norm(op, *on(platform, x, scale, bias), kw, monkeypatch)
+    ref_mean, ref_var = _ref_stats(x, members, centered)
+    assert_close(mean, ref_mean, dtype, tol=_stats_tol(dtype), what="mean")
+    assert_close(var, ref_var, dtype, tol=_stats_tol(dtype), what="var")
+    ref_y = _ref_y(x, gid, ref_mean, ref_var, scale.astype(np.float64),
+                   bias.astype(np.float64), centered, pidx)
+    assert_close(y, ref_y, dtype, tol=1e-10 if np.dtype(dtype) == np.float64 else 1e-5,
+                 what="y")
