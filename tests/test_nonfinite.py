@@ -5,6 +5,7 @@ or NaN, and the NaN that a convolution's padded taps make from infinite operands
 from __future__ import annotations
 
 import zlib
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -270,3 +271,142 @@ def test_norm_statistics_of_nonfinite_groups(case, dtype, platform, calls, monke
                    bias.astype(np.float64), centered, pidx)
     assert_close(y, ref_y, dtype, tol=1e-10 if np.dtype(dtype) == np.float64 else 1e-5,
                  what="y")
+
+
+# ----------------------------------------------------------------------------------------------
+# Convolution: a tap over padding multiplies a zero (0 * inf = NaN)
+# ----------------------------------------------------------------------------------------------
+
+# Transform algorithms mix a tile's values before multiplying, so one non-finite operand
+# spreads over the tile (as in cuDNN); they make no per-output IEEE claim (docs/design.md).
+TRANSFORM_ALGORITHMS = frozenset({"winograd", "winograd_nonfused", "fft", "fft_tiling"})
+
+# (name, x shape, w shape, conv_general_dilated keywords); channels-last, padding >= 0.
+CONV_CASES = [
+    ("3x3_pad1", (2, 7, 6, 3), (3, 3, 3, 8), dict(window_strides=(1, 1),
+                                                  padding=((1, 1), (1, 1)))),
+    ("3x3_stride2_asym", (2, 9, 8, 8), (3, 3, 8, 16), dict(window_strides=(2, 2),
+                                                           padding=((1, 2), (0, 1)))),
+    ("dilated", (1, 9, 9, 8), (3, 3, 8, 8), dict(window_strides=(1, 1),
+                                                 padding=((2, 2), (2, 2)),
+                                                 rhs_dilation=(2, 2))),
+    ("groups", (2, 6, 7, 16), (3, 3, 8, 16), dict(window_strides=(1, 1),
+                                                  padding=((1, 1), (1, 1)),
+                                                  feature_group_count=2)),
+    ("depthwise", (2, 8, 9, 16), (3, 3, 1, 16), dict(window_strides=(1, 1),
+                                                     padding=((1, 1), (1, 1)),
+                                                     feature_group_count=16)),
+    ("depthwise_5x5_s2", (2, 9, 10, 8), (5, 5, 1, 16), dict(window_strides=(2, 2),
+                                                            padding=((2, 2), (2, 2)),
+                                                            feature_group_count=8)),
+    ("1d", (3, 11, 8), (5, 8, 16), dict(window_strides=(1,), padding=((2, 3),),
+                                        dimension_numbers=("NWC", "WIO", "NWC"))),
+    ("3d", (1, 4, 5, 6, 8), (3, 3, 3, 8, 8), dict(window_strides=(1, 1, 1),
+                                                  padding=((1, 1),) * 3,
+                                                  dimension_numbers=("NDHWC", "DHWIO",
+                                                                     "NDHWC"))),
+]
+
+
+def _conv_kw(kw, nd):
+    kw = dict(kw)
+    kw.setdefault("dimension_numbers", {2: ("NHWC", "HWIO", "NHWC")}.get(nd))
+    return kw
+
+
+def _conv_ref(x, w, ct, kw):
+    """(y, dw) of lax.conv_general_dilated over x zero-padded explicitly (VALID), in float64
+    on the CPU: every tap multiplies its (padded) input, so 0 * inf = NaN at padded taps.
+    (lax's own padding agrees in float32 on the CPU; its float64 emitter skips padded taps.)"""
+    pads = kw["padding"]
+    valid = dict(kw, padding=[(0, 0)] * len(pads))
+    with jax.default_device(CPU):
+        x64 = np.pad(np.asarray(x, np.float64), ((0, 0), *pads, (0, 0)))
+        y, vjp = jax.vjp(lambda w: lax.conv_general_dilated(x64, w, **valid),
+                         jnp.asarray(np.asarray(w, np.float64)))
+        return y, vjp(jnp.asarray(np.asarray(ct, np.float64)))[0]
+
+
+def _conv_operands(name, x_shape, w_shape, y_shape, dtype):
+    """Finite x; w with +inf, -inf and NaN at corner taps (which reach padding at the edges)
+    of a few (input, output) channel pairs; a cotangent with infinities at edge outputs (whose
+    taps reach padding in the filter gradient)."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    x = rng.standard_normal(x_shape)
+    w = rng.standard_normal(w_shape)
+    first, last = (0,) * (len(w_shape) - 2), tuple(s - 1 for s in w_shape[:-2])
+    ci, co = w_shape[-2], w_shape[-1]
+    w[(*first, 0, 0)] = np.inf
+    w[(*last, ci - 1, co // 2)] = -np.inf
+    w[(*first, ci // 2, co - 1)] = np.nan
+    ct = rng.integers(1, 4, y_shape).astype(np.float64)
+    ct[(0,) * (len(y_shape) - 1) + (0,)] = np.inf
+    ct[(-1,) * (len(y_shape) - 1) + (co - 1,)] = -np.inf
+    return tuple(a.astype(np.dtype(dtype)) for a in (x, w, ct))
+
+
+def _check_conv(name, x_shape, w_shape, kw, dtype, platform, algo, tol=None):
+    kw = _conv_kw(kw, len(x_shape) - 2)
+    y_shape = jax.eval_shape(lambda x, w: lax.conv_general_dilated(x, w, **kw),
+                             jax.ShapeDtypeStruct(x_shape, dtype),
+                             jax.ShapeDtypeStruct(w_shape, dtype)).shape
+    x, w, ct = _conv_operands(name, x_shape, w_shape, y_shape, dtype)
+    ref_y, _ = _conv_ref(x, w, ct, kw)
+    f = partial(jaxdnn.conv_general_dilated, **kw, algo=algo)
+    y = jax.jit(f)(*on(platform, x, w))
+    assert_close(y, ref_y, dtype, tol=tol, what=f"{algo} fwd")
+    # The filter gradient with a finite w: only ct's infinities (and padding) matter.
+    w_finite = np.nan_to_num(w, nan=0.5, posinf=1.5, neginf=-1.5)
+    _, ref_dw = _conv_ref(x, w_finite, ct, kw)
+    dw = jax.jit(lambda x, w, c: jax.vjp(lambda v: f(x, v), w)[1](c)[0])(
+        *on(platform, x, w_finite, ct))
+    assert_close(dw, ref_dw, dtype, tol=tol, what=f"{algo} bwd_filter")
+
+
+def _conv_algorithms(platform, x_shape, w_shape, kw, dtype):
+    """{direction: the supported algorithms that claim IEEE behaviour} of a case."""
+    kw = _conv_kw(kw, len(x_shape) - 2)
+    x, w = (jax.ShapeDtypeStruct(s, dtype) for s in (x_shape, w_shape))
+    y = jax.eval_shape(lambda x, w: lax.conv_general_dilated(x, w, **kw), x, w)
+
+    def f(x, w, ct):
+        return jax.vjp(partial(jaxdnn.conv_general_dilated, **kw), x, w)[1](ct)
+
+    plat = {"gpu": "cuda"}.get(platform, platform)
+    return {p.direction: [a.name for a in jaxdnn.conv_algorithms(p, plat)
+                          if a.supported and a.name not in TRANSFORM_ALGORITHMS]
+            for p in jaxdnn.conv_problems(f, x, w, y)}
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=_ids)
+@pytest.mark.parametrize("algo", [None, "direct", "im2col_gemm"], ids=str)
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: c[0])
+def test_conv_padded_taps_multiply_zero_cpu(case, algo, dtype):
+    """Every CPU algorithm (each forced, and the default choice) makes NaN where an infinite
+    weight meets padding, like lax's zero-padded convolution, in the forward and in the
+    filter gradient (an infinite cotangent against padding)."""
+    name, x_shape, w_shape, kw = case
+    algos = _conv_algorithms("cpu", x_shape, w_shape, kw, dtype)
+    assert set(algos["fwd"]) == set(algos["bwd_filter"]) == {"direct", "im2col_gemm"}, \
+        "a new CPU algorithm: add it to the parameters"
+    _check_conv(name, x_shape, w_shape, kw, dtype, "cpu", algo)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=_ids)
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: c[0])
+def test_conv_padded_taps_multiply_zero_gpu(case, dtype):
+    """Every CUDA algorithm but the transforms, forced one at a time, per direction (fwd and
+    bwd_filter), at lax's default precision (TF32 tensor-core passes keep infinities; the
+    3xTF32 split of precision HIGHEST does not, see docs/design.md)."""
+    device("gpu")
+    if not jaxdnn.build_info()["cuda"]:
+        pytest.skip("jaxdnn built without CUDA")
+    name, x_shape, w_shape, kw = case
+    tol = 3e-3 if np.dtype(dtype) == np.float32 else None  # TF32 rounding of finite values
+    algos = _conv_algorithms("gpu", x_shape, w_shape, kw, dtype)
+    fwd, flt = algos["fwd"], algos["bwd_filter"]
+    assert "direct" in fwd and "direct" in flt
+    for name_ in dict.fromkeys(fwd + flt):  # each direction it supports, direct for the other
+        algo = {"fwd": name_ if name_ in fwd else "direct",
+                "bwd_filter": name_ if name_ in flt else "direct"}
+        _check_conv(name, x_shape, w_shape, kw, dtype, "gpu", algo, tol)
