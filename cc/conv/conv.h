@@ -8,6 +8,12 @@
 // Along each spatial axis an output position o and filter tap f read the *dilated* input
 // coordinate  u = o*stride - pad_lo + f*rhs_dil;  it is a real input element i = u / lhs_dil
 // when 0 <= u <= (in-1)*lhs_dil and u % lhs_dil == 0, otherwise it is padding (zero).
+// Non-finite values: fwd and bwd_filter multiply that zero like a real element, so an infinite
+// or NaN weight (bwd_filter: dy) makes NaN at a padded tap, as lax's zero-padded convolution
+// does (XLA:CPU in float32; its float64 emitter skips padded taps). Every algorithm does but
+// the transforms (winograd*, fft*), which mix a tile's values before multiplying: there one
+// non-finite operand spreads over its tile, as in cuDNN. The tensor cores' 3xTF32 split (float32
+// at precision HIGHEST) makes NaN of an infinite operand (its low part is inf - inf).
 //
 // Directions (cuDNN names in brackets):
 //   kFwd       y  = conv(x, w)                    [forward]

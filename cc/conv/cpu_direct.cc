@@ -1,6 +1,7 @@
 // CPU direct convolution: the oracle. Seven plain loops per direction, every case (stride,
 // padding, lhs/rhs dilation, groups) written out, accumulation in double. Each direction
-// gathers (no scatter), so results are deterministic whatever the thread count.
+// gathers (no scatter), so results are deterministic whatever the thread count. fwd and
+// bwd_filter multiply the zero that a tap reads on padding (conv.h), so 0 * inf = NaN there.
 //
 // Cost: N*Z*P*Q*K*T*R*S*Cg multiply-adds with no blocking; it is meant for correctness, and
 // for tiny problems where packing would cost more than it saves.
@@ -26,15 +27,16 @@ void fwd(const Problem& p, const In* x, const In* w, Out* y, const Parallel& par
         double acc = 0;
         for (int64_t t = 0; t < T; ++t) {
           const int64_t id = in_idx(p, 0, z, t);
-          if (id < 0) continue;
           for (int64_t r = 0; r < R; ++r) {
             const int64_t ih = in_idx(p, 1, pp, r);
-            if (ih < 0) continue;
             for (int64_t s = 0; s < S; ++s) {
               const int64_t iw = in_idx(p, 2, q, s);
-              if (iw < 0) continue;
-              const In* xp = x + (((n * D + id) * H + ih) * W + iw) * C + g * Cg;
               const In* wp = w + ((t * R + r) * S + s) * Cg * K + k;
+              if (id < 0 || ih < 0 || iw < 0) {  // padding: zero times the weights
+                for (int64_t c = 0; c < Cg; ++c) acc += 0.0 * double(load_acc(wp[c * K]));
+                continue;
+              }
+              const In* xp = x + (((n * D + id) * H + ih) * W + iw) * C + g * Cg;
               for (int64_t c = 0; c < Cg; ++c)
                 acc += double(load_acc(xp[c])) * double(load_acc(wp[c * K]));
             }
@@ -97,15 +99,16 @@ void bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Para
       for (int64_t n = 0; n < p.N; ++n)
         for (int64_t z = 0; z < Z; ++z) {
           const int64_t id = in_idx(p, 0, z, t);
-          if (id < 0) continue;
           for (int64_t pp = 0; pp < P; ++pp) {
             const int64_t ih = in_idx(p, 1, pp, r);
-            if (ih < 0) continue;
             for (int64_t q = 0; q < Q; ++q) {
               const int64_t iw = in_idx(p, 2, q, s);
-              if (iw < 0) continue;
-              const In* xp = x + (((n * D + id) * H + ih) * W + iw) * C + ci;
               const In* dyp = dy + (((n * Z + z) * P + pp) * Q + q) * K;
+              if (id < 0 || ih < 0 || iw < 0) {  // padding: zero times dy
+                for (int64_t k = k0; k < k1; ++k) acc[k - k0] += 0.0 * double(load_acc(dyp[k]));
+                continue;
+              }
+              const In* xp = x + (((n * D + id) * H + ih) * W + iw) * C + ci;
               for (int64_t k = k0; k < k1; ++k)
                 acc[k - k0] += double(load_acc(xp[(k / Kg) * Cg])) * double(load_acc(dyp[k]));
             }

@@ -29,6 +29,7 @@ extern const CudaAlgorithm kCudaImplicitGemmSplitK;
 extern const CudaAlgorithm kCudaImplicitGemmSplitKAtomic;
 extern const CudaAlgorithm kCudaImplicitPrecompGemm;  // cuda_implicit_precomp_gemm.cu
 extern const CudaAlgorithm kCudaIm2colGemm;           // cuda_im2col_gemm.cu
+// Transforms: inf and NaN spread over a tile instead of propagating per output (conv.h).
 extern const CudaAlgorithm kCudaWinograd;          // cuda_winograd.cu: fused F(2x2,3x3)
 extern const CudaAlgorithm kCudaWinogradNonfused;  // cuda_winograd_nonfused.cu: F(4x4,3x3)
 extern const CudaAlgorithm kCudaFft;        // cuda_fft.cu: one FFT plane per image

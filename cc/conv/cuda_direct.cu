@@ -8,7 +8,8 @@
 //   bwd_filter a (32 x 8) block per 32 consecutive dw elements: the 8 rows split the N*Z*P*Q
 //              reduction, then add their partial sums in a fixed order through shared memory.
 // Accumulation in float (double for float64). Cost: N*Z*P*Q*K*T*R*S*Cg multiply-adds, no
-// reuse through shared memory: correct first, fast elsewhere.
+// reuse through shared memory: correct first, fast elsewhere. fwd and bwd_filter multiply the
+// zero that a tap reads on padding (conv.h), so 0 * inf = NaN there.
 
 #include "cc/common/cuda_util.h"
 #include "cc/conv/cuda_algorithms.h"
@@ -35,16 +36,16 @@ __global__ void direct_fwd_kernel(Problem p, const In* __restrict__ x, const In*
     Acc acc = 0;
     for (int64_t t = 0; t < p.filt[0]; ++t) {
       const int64_t id = in_idx(p, 0, z, t);
-      if (id < 0) continue;
       for (int64_t r = 0; r < p.filt[1]; ++r) {
         const int64_t ih = in_idx(p, 1, pp, r);
-        if (ih < 0) continue;
         for (int64_t s = 0; s < p.filt[2]; ++s) {
           const int64_t iw = in_idx(p, 2, q, s);
-          if (iw < 0) continue;
-          const In* xp = x + (((n * p.in[0] + id) * p.in[1] + ih) * p.in[2] + iw) * p.C + g * Cg;
+          const bool inside = id >= 0 && ih >= 0 && iw >= 0;  // else padding: x reads zero
+          const int64_t pixel = inside ? ((n * p.in[0] + id) * p.in[1] + ih) * p.in[2] + iw : 0;
+          const In* xp = x + pixel * p.C + g * Cg;
           const In* wp = w + ((t * p.filt[1] + r) * p.filt[2] + s) * Cg * K + k;
-          for (int64_t c = 0; c < Cg; ++c) acc += Acc(to_acc(xp[c])) * Acc(to_acc(wp[c * K]));
+          for (int64_t c = 0; c < Cg; ++c)
+            acc += (inside ? Acc(to_acc(xp[c])) : Acc(0)) * Acc(to_acc(wp[c * K]));
         }
       }
     }
@@ -107,9 +108,11 @@ direct_bwd_filter_kernel(Problem p, const In* __restrict__ x, const In* __restri
         const int64_t q = j % p.out[2], pp = j / p.out[2] % p.out[1];
         const int64_t z = j / (p.out[2] * p.out[1]) % p.out[0], n = j / p.out_spatial();
         const int64_t id = in_idx(p, 0, z, t), ih = in_idx(p, 1, pp, r), iw = in_idx(p, 2, q, s);
-        if (id < 0 || ih < 0 || iw < 0) continue;
-        acc += Acc(to_acc(x[(((n * p.in[0] + id) * p.in[1] + ih) * p.in[2] + iw) * p.C + c])) *
-               Acc(to_acc(dy[j * K + k]));
+        const bool inside = id >= 0 && ih >= 0 && iw >= 0;  // else padding: x reads zero
+        const Acc xv =
+            inside ? Acc(to_acc(x[(((n * p.in[0] + id) * p.in[1] + ih) * p.in[2] + iw) * p.C + c]))
+                   : Acc(0);
+        acc += xv * Acc(to_acc(dy[j * K + k]));
       }
     }
     partial[threadIdx.y][threadIdx.x] = acc;

@@ -3,7 +3,8 @@
 // covering the whole linear result, L >= extent + taps - 1 (extent = P for fwd and
 // bwd_filter, H for bwd_data), so every image is one tile. The plane must fit one block's
 // shared memory (Lh * (Lw | 1) * 8 bytes: up to 128 x 128, 162 x 162, 256 x 96); bigger
-// images need fft_tiling.
+// images need fft_tiling. The FFTs mix a plane's values: one inf or NaN operand makes NaN
+// across its plane (conv.h).
 //
 // Predicted on H200, N = 64, float32, each direction (GEMM at ~60% of the 67 TFLOP/s FMA peak,
 // transforms ~30 us per tensor-sized pass):

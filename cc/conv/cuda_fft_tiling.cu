@@ -4,7 +4,8 @@
 // T = L - taps + 1 output rows per tile (ties to the smaller L). Planes are (image, tile), so
 // the per-frequency GEMMs get N * tiles rows, and the x/dy/y/dx spectra go through the
 // workspace in batches of planes (cuda_fft.cuh: kBatchBytes), so the workspace is bounded for
-// any image size. Filters longer than 64 taps are unsupported.
+// any image size. Filters longer than 64 taps are unsupported. The FFTs mix a tile's values:
+// one inf or NaN operand makes NaN across its tile (conv.h).
 //
 // Predicted on H200, float32: 56x56 and 28x28 7x7 layers pick a single 64 x 64 / 36 x 36 tile,
 // the same plan as fft (~0.2 ms at N = 64). 224x224, 64 -> 64, 7x7, N = 8: L = 64, T = 58,

@@ -31,7 +31,8 @@
 // ~72. Measured (H200, float32): 32 / 42 / 46 / 42 at 56 / 28 / 14 / 7, 35-50% of the
 // prediction; winograd_nonfused beats it on every layer (benchmarks/results/conv_gpu-*).
 // Numerics: transforms and accumulation in float32 (float16/bfloat16 converted on load); the
-// filter transform in double. Deterministic: fixed summation order, no atomics.
+// filter transform in double. Deterministic: fixed summation order, no atomics. The transforms
+// mix a tile's values: one inf or NaN operand makes NaN or inf across its tile (conv.h).
 
 #include <cuda_pipeline.h>
 

@@ -43,7 +43,8 @@
 // at 56x56, where the transforms' traffic dominates.
 // Numerics: float32 transforms and accumulation (float16/bfloat16 converted on load; filter
 // transforms in double); F(4x4) roughly triples float32 error over direct (~3e-6 relative L2
-// at C = 512). Deterministic: fixed summation orders, no atomics.
+// at C = 512). Deterministic: fixed summation orders, no atomics. The transforms mix a tile's
+// values: one inf or NaN operand makes NaN or inf across its tile (conv.h).
 
 #include <algorithm>
 #include <type_traits>

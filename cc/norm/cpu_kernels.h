@@ -316,15 +316,41 @@ JAXDNN_ALWAYS_INLINE Moments contiguous_moments(const T* x, int64_t n, bool cent
   return m;
 }
 
-// Statistics outputs of a group of n values (NaN for an empty group, like a mean of nothing).
+// Moments of group g = (p, c) straight from x, two passes in double without a shift (mean 0
+// when not centred). For groups whose shifted statistics came out non-finite (finish_stats).
 template <typename T>
-JAXDNN_ALWAYS_INLINE void finish_stats(const Moments& m, S<T>* mean, S<T>* var) {
+Moments plain_group_moments(const FwdView<T>& v, int64_t g) {
+  const Shape& s = v.s;
+  const int64_t p = g / s.C, c = g % s.C, KT = s.K * s.T;
+  auto pass = [&](auto term) {  // sum of term(x) over the group's A runs of K*T values
+    double sum = 0;
+    for (int64_t a = 0; a < s.A; ++a) {
+      const T* x = v.x + ((p * s.A + a) * s.C + c) * KT;
+      for (int64_t i = 0; i < KT; ++i) sum += term(double(load_acc(x[i])));
+    }
+    return sum;
+  };
+  Moments m;
+  m.n = double(s.group_size());
+  m.mean = v.centered ? pass([](double x) { return x; }) / m.n : 0.0;
+  m.m2 = pass([&](double x) { return (x - m.mean) * (x - m.mean); });
+  return m;
+}
+
+// Statistics outputs of group g from its moments m (NaN for an empty group, like a mean of
+// nothing). Moments that came out non-finite are recomputed by plain_group_moments: the
+// shifted sums turn inf - inf into NaN where jnp.mean's plain sum gives +-inf (an infinite
+// shift, or an infinity merged with a finite partial). jnp.mean is then +-inf or NaN, jnp.var
+// NaN, and RMS norm's mean square inf or NaN. Only groups holding inf or NaN take the pass.
+template <typename T>
+JAXDNN_ALWAYS_INLINE void finish_stats(const FwdView<T>& v, int64_t g, Moments m) {
   if (m.n == 0) {
-    *mean = *var = std::numeric_limits<S<T>>::quiet_NaN();
+    v.mean[g] = v.var[g] = std::numeric_limits<S<T>>::quiet_NaN();
     return;
   }
-  *mean = S<T>(m.mean);
-  *var = S<T>(m.m2 / m.n);
+  if (!std::isfinite(m.mean) || !std::isfinite(m.m2)) m = plain_group_moments(v, g);
+  v.mean[g] = S<T>(m.mean);
+  v.var[g] = S<T>(m.m2 / m.n);
 }
 
 // Mean and variance of group g = (p, c) from its (slice, k) partials in ws0 / ws1, merged with
@@ -342,7 +368,7 @@ JAXDNN_ALWAYS_INLINE void merge_group_stats(const FwdView<T>& v, int64_t g) {
       m.merge(n, double(v.ws0[off]), double(v.ws1[off]));
     }
   }
-  finish_stats<T>(m, v.mean + g, v.var + g);
+  finish_stats(v, g, m);
 }
 
 // Backward per-group coefficients from the group sums sg = sum(scale*dy) and

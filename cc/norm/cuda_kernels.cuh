@@ -408,6 +408,38 @@ struct ShiftedSums {
   }
 };
 
+// Mean and variance of group g = (p, c) of x straight from its values, two passes in double
+// without a shift (mean 0 when not centred), summed by the 32 lanes of one warp (every lane of
+// it calls this and gets the result). For groups whose shifted statistics came out non-finite:
+// the shift turns inf - inf into NaN where jnp.mean's plain sum gives +-inf (an infinite
+// shift, or an infinity merged with finite partials). Only groups holding inf or NaN take it.
+struct PlainStats {
+  double mean, var;
+};
+template <typename D>
+__device__ __forceinline__ PlainStats plain_group_stats(const D* __restrict__ x, Shape s,
+                                                        bool centered, int64_t g) {
+  const int lane = threadIdx.x % 32;
+  const int64_t KT = s.K * s.T, n = s.group_size();
+  // Member i of the group is (a, j) = (i / KT, i % KT), at x[((p*A + a)*C + c)*KT + j]; a lane
+  // takes i = lane, lane + 32, ..., stepping (a, j) without dividing.
+  const D* x0 = x + (g / s.C * s.A * s.C + g % s.C) * KT;  // (p, a = 0, c)
+  const int64_t da = 32 / KT, dj = 32 % KT, row = s.C * KT;
+  auto sum = [&](auto term) {
+    double t = 0;
+    int64_t a = lane / KT, j = lane % KT;
+    for (int64_t i = lane; i < n; i += 32) {
+      t += term(double(to_acc(x0[a * row + j])));
+      a += da;
+      j += dj;
+      if (j >= KT) j -= KT, ++a;
+    }
+    return cuda::warp_reduce(t, cuda::SumOp{});
+  };
+  const double mean = centered ? sum([](double v) { return v; }) / double(n) : 0.0;
+  return {mean, sum([&](double v) { return (v - mean) * (v - mean); }) / double(n)};
+}
+
 // merge_groups' partials of group (p, c) in (P, slices, C, K) workspace planes: partial i is
 // column k = i % K of slice i / K, whose rps rows (the last slice's fewer) hold T values each.
 // Div divides by K and C: cuda::FastDiv where the launcher has checked that slices*K and the
@@ -432,7 +464,9 @@ struct SliceParts {
 // partial i of group g and sets its workspace index; a team's threads take i = rank, rank +
 // 32*team, ... in order, loading four partials before adding any (ShiftedSums), then sums per
 // warp and across the team's warps, in a fixed order; every lane of the team's first warp then
-// calls done(g, mean, var, lane) (by default lane 0 writes mean and var). A team is as many warps
+// calls done(g, mean, var, lane) (by default lane 0 writes mean and var; every done writes
+// them); statistics that come out non-finite are then recomputed from x by that warp
+// (plain_group_stats), which calls done again. A team is as many warps
 // (a power of two, at most a block) as still gives every group its own team (merge_launch sizes
 // a grid for it): with one warp per group, 64 groups of 256 partials (batch_norm NCHW) kept 64 of
 // the grid's 2112 warps busy through 8 dependent loads each, and the merge took ~12 us between
@@ -489,6 +523,16 @@ __device__ __forceinline__ void merge_groups(const Fwd<D>& f, int64_t parts, Par
       const double m2 = m.s2 - m.s1 * mean;  // (NaN stays NaN: no fmax)
       done(g, A<D>(shift + mean), A<D>((m2 < 0 ? 0.0 : m2) / m.n), lane);
     }
+  }
+  // Groups whose statistics came out non-finite (inf or NaN among their values) again, from x
+  // (plain_group_stats), each by the warp that wrote them: a second loop, so that the merge
+  // loop above keeps its registers (in the fused kernels it runs at their limit).
+  if (warp % team != 0) return;
+  __syncwarp();  // lane 0's mean and var, visible to the warp
+  for (int64_t g = int64_t(blockIdx.x) * per_block + warp / team; g < groups; g += teams) {
+    if (isfinite(f.mean[g]) && isfinite(f.var[g])) continue;
+    const PlainStats st = plain_group_stats(f.x, f.s, f.centered, g);
+    done(g, A<D>(st.mean), A<D>(st.var), lane);
   }
 }
 template <typename D, typename Part>

@@ -8,8 +8,10 @@
 //             per row (a 4096-wide row: 64 bfloat16 or 128 float32 threads x 8 packs, 32
 //             registers of row data).
 //             mean = shift + sum(x - shift)/K, var = sum((x - mean)^2)/K (exact two-pass over
-//             registers, shift = x[0]), y = (x - mean)*rstd*scale + bias; scale and bias are
-//             read per row from L1/L2 (16-byte loads).
+//             registers, shift = x[0]; a row whose mean comes out non-finite, inf or NaN in it,
+//             takes the plain sum(x)/K, jnp.mean's +-inf where x - shift made inf - inf = NaN),
+//             y = (x - mean)*rstd*scale + bias; scale and bias are read per row from L1/L2
+//             (16-byte loads).
 //             Traffic per row: read x, write y (K values each).
 //   backward  block (RT, RPB): RT threads per row (a warp when RT == 32, with RPB = 4 rows per
 //             block; otherwise the whole block, RPB = 1); each thread holds NV vectors of VEC
@@ -24,7 +26,8 @@
 //             (Q, S_b, C, K) partial planes.
 //             Traffic per row: read x, dy, write dx; per block: write 2K partials.
 // Rows too long for registers take streaming kernels (values re-read from L2): forward, a block
-// per row, Welford per thread + block merge, then y; backward, one wave of blocks walking rows,
+// per row, Welford per thread + block merge (a non-finite mean: plain two passes over the row,
+// as in the cached kernel), then y; backward, one wave of blocks walking rows,
 // the sums, then dx with the d(scale), d(bias) partials summed in shared memory (in the block's
 // workspace rows beyond kStreamAccBytes).
 
@@ -61,6 +64,10 @@ __global__ void __launch_bounds__(cuda::row_block_threads<G>()) row_fwd_kernel(F
         const Acc shift = to_acc(f.x[r * K]);
         const Acc s = map.fold(Acc(0), [&](Acc s, int k, int e) { return s + (x(k, e) - shift); });
         mean = shift + cuda::group_reduce<G>(s, cuda::SumOp{}, Acc(0), scratch) / Acc(K);
+        if (!isfinite(mean)) {  // (the same for every thread of the row)
+          const Acc t = map.fold(Acc(0), [&](Acc t, int k, int e) { return t + x(k, e); });
+          mean = cuda::group_reduce<G>(t, cuda::SumOp{}, Acc(0), scratch) / Acc(K);
+        }
         x.fence();
       }
       const Acc q = map.fold(Acc(0), [&](Acc q, int k, int e) {
@@ -313,6 +320,7 @@ template <typename D>
 __global__ void __launch_bounds__(kFwdStreamThreads) row_fwd_stream_kernel(Fwd<D> f) {
   using Acc = A<D>;
   __shared__ Moments<Acc> sm[kFwdStreamThreads];
+  __shared__ Acc scratch[32];
   cuda::await_prior_grids();
   const int tid = threadIdx.x;
   const int64_t K = f.s.K;
@@ -330,6 +338,15 @@ __global__ void __launch_bounds__(kFwdStreamThreads) row_fwd_stream_kernel(Fwd<D
       m = merge_group(m, sm, 0, tid, kFwdStreamThreads, 1);
       mean = shift + m.mean;
       var = m.m2 / Acc(K);
+      if (!isfinite(mean)) {  // (the same for every thread of the block)
+        auto sum = [&](auto term) {
+          Acc t = 0;
+          for (int64_t k = tid; k < K; k += kFwdStreamThreads) t += term(to_acc(x[k]));
+          return cuda::block_reduce(t, cuda::SumOp{}, Acc(0), scratch);
+        };
+        mean = sum([](Acc v) { return v; }) / Acc(K);
+        var = sum([&](Acc v) { return (v - mean) * (v - mean); }) / Acc(K);
+      }
       if (tid == 0) {
         f.mean[r] = mean;
         f.var[r] = var;

@@ -136,8 +136,10 @@ JAXDNN_INLINE void fwd_chunk(const Problem& p, const Span& sz, const Span& sp, c
     for (int64_t c = 0; c < width; ++c) y[c] = from_acc<T>(acc[c] * inv_divisor);
   else
     for (int64_t c = 0; c < width; ++c) y[c] = from_exact<T>(acc[c]);
-  if constexpr (R == Reduce::kMaxIndex)
-    for (int64_t c = 0; c < width; ++c) idx[c] = ix[c] < 0 ? kNoIndex<Idx> : Idx(ix[c]);
+  if constexpr (R == Reduce::kMaxIndex) {
+    const bool first_in = sz.first_on_input() && sp.first_on_input() && sq.first_on_input();
+    for (int64_t c = 0; c < width; ++c) idx[c] = selected_index<Idx>(ix[c], first_in);
+  }
 }
 
 // y (and idx) of output row (n, z, pp).

@@ -186,9 +186,11 @@ struct WindowState {
 #pragma unroll
     for (int i = 0; i < N; ++i) add(i, later.acc[i], kIndex ? later.ix[i] + k0 : 0);
   }
-  // Writes channels [i0, i0 + V) of the result (avg: times 1/divisor) and their indices.
+  // Writes channels [i0, i0 + V) of the result (avg: times 1/divisor) and their indices;
+  // first_on_input: whether the window's first tap lies on the input (selected_index).
   template <typename T, int V, typename Idx>
-  __device__ __forceinline__ void store(int i0, T* y, Idx* idx, A inv_divisor) const {
+  __device__ __forceinline__ void store(int i0, T* y, Idx* idx, A inv_divisor,
+                                        bool first_on_input) const {
     A out[V];
 #pragma unroll
     for (int i = 0; i < V; ++i)
@@ -197,7 +199,7 @@ struct WindowState {
     if constexpr (kIndex) {
       IdxVec<Idx, V> iv;
 #pragma unroll
-      for (int i = 0; i < V; ++i) iv.v[i] = ix[i0 + i] < 0 ? kNoIndex<Idx> : Idx(ix[i0 + i]);
+      for (int i = 0; i < V; ++i) iv.v[i] = selected_index<Idx>(ix[i0 + i], first_on_input);
       *reinterpret_cast<IdxVec<Idx, V>*>(idx) = iv;
     }
   }

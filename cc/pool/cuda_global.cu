@@ -68,7 +68,7 @@ global_fwd_kernel(Geom g, const T* __restrict__ x, T* __restrict__ y, Idx* __res
     for (int32_t b = 1; b < S; ++b) st.merge(*cluster.map_shared_rank(&part[tx], b));
     const int32_t o = n * g.C + cv * V;
     st.template store<T, V, Idx>(0, y + o, R == Reduce::kMaxIndex ? idx + o : nullptr,
-                                 A(1) / A(positions));
+                                 A(1) / A(positions), /*first_on_input=*/true);
   }
   cluster.sync();  // peers keep their shared memory until block 0 has read it
 }

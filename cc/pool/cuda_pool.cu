@@ -77,12 +77,14 @@ constexpr int kMinBlocks = 3;
 // The forward epilogue of both forward kernels: stores output columns [q0, q0 + J) (those < Q)
 // of one output row, column j from st[j], at element offset out + j*C (+ k*lanes*V for the
 // k-th of the G vectors). avg divides by the window size, or with exclude-pad by the taps on
-// the input: rows_in (planes times rows) times cols_in[j].
+// the input: rows_in (planes times rows) times cols_in[j]. max with index: the first tap of
+// window j lies on the input when its row's does (row_first_in) and its column's (col_first_in).
 template <typename T, int V, int G, typename A, int J, Reduce R, typename Idx>
 __device__ __forceinline__ void store_columns(const Geom& g,
                                               const WindowState<A, G * V, R> (&st)[J],
                                               int32_t out, int32_t q0, int32_t rows_in,
-                                              const int32_t (&cols_in)[J], T* y, Idx* idx,
+                                              const int32_t (&cols_in)[J], bool row_first_in,
+                                              const bool (&col_first_in)[J], T* y, Idx* idx,
                                               bool include_pad) {
 #pragma unroll
   for (int j = 0; j < J; ++j) {
@@ -94,7 +96,7 @@ __device__ __forceinline__ void store_columns(const Geom& g,
     for (int k = 0; k < G; ++k) {
       const int32_t o = out + j * g.C + k * g.lanes * V;
       st[j].template store<T, V, Idx>(k * V, y + o, R == Reduce::kMaxIndex ? idx + o : nullptr,
-                                      inv);
+                                      inv, row_first_in && col_first_in[j]);
     }
   }
 }
@@ -145,11 +147,16 @@ window_fwd_kernel(Geom g, FastDiv q_groups, const T* __restrict__ x, T* __restri
         }
       }
     int32_t cols_in[J];
+    bool col_first_in[J];
 #pragma unroll
-    for (int j = 0; j < J; ++j) cols_in[j] = w1[j] - w0[j];
+    for (int j = 0; j < J; ++j) {
+      cols_in[j] = w1[j] - w0[j];
+      col_first_in[j] = w0[j] == qs[j] && w0[j] < w1[j];
+    }
+    const bool row_first_in = z0 == zs && z0 < z1 && p0 == ps && p0 < p1;
     const int32_t out = (((n * g.out[0] + z) * g.out[1] + pp) * g.out[2] + qg * J) * g.C + lane * V;
-    store_columns<T, V, G>(g, st, out, qg * J, (z1 - z0) * (p1 - p0), cols_in, y, idx,
-                           include_pad);
+    store_columns<T, V, G>(g, st, out, qg * J, (z1 - z0) * (p1 - p0), cols_in, row_first_in,
+                           col_first_in, y, idx, include_pad);
   }
 }
 
@@ -186,7 +193,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   // Output (n, z, pp, q), channels lane*V: position e / lanes, so offset e*V (C = lanes*V).
   st.template store<T, V, Idx>(0, y + e * V, R == Reduce::kMaxIndex ? idx + e * V : nullptr,
-                               A(1) / A(kK * kK));
+                               A(1) / A(kK * kK), /*first_on_input=*/true);
 }
 
 // ---- strip forward ----
@@ -245,11 +252,13 @@ strip_fwd_kernel(Geom g, FastDiv q_groups, FastDiv strips, int32_t strip_rows,
 #pragma unroll
   for (int c = 0; c < kCols; ++c) ok[c] = uint32_t(w0 + c) < uint32_t(W);
   int32_t cols_in[J];
+  bool col_first_in[J];
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     cols_in[j] = 0;
 #pragma unroll
     for (int s = 0; s < KW; ++s) cols_in[j] += ok[j * SW + s];
+    col_first_in[j] = ok[j * SW];
   }
   const int32_t x0 = (n * H * W + w0) * C + lane * V;  // column w0 of row 0 (maybe < 0)
 
@@ -281,8 +290,9 @@ strip_fwd_kernel(Geom g, FastDiv q_groups, FastDiv strips, int32_t strip_rows,
   // Stores output row p (slot 0), moves the slots up and starts output p + L in the last.
   auto finish = [&]() {
     int32_t s, lo, hi;
-    g.window_span(1, p, &s, &lo, &hi);
-    store_columns<T, V, 1>(g, st[0], out, q0, hi - lo, cols_in, y, idx, include_pad);
+    g.window_span(1, p, &s, &lo, &hi);  // (D: window 1, no padding)
+    store_columns<T, V, 1>(g, st[0], out, q0, hi - lo, cols_in, lo == s && lo < hi,
+                           col_first_in, y, idx, include_pad);
 #pragma unroll
     for (int i = 0; i + 1 < L; ++i)
 #pragma unroll

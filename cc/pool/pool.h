@@ -20,11 +20,12 @@
 //
 // Max selection (the gradient's tie rule): the selected element of a window is the first, in
 // tap order, of its maximal elements, NaN counting as greater than any number (so the first
-// NaN if there is one) and padding as -inf. Without NaN this is jax.lax's rule (the gradient
-// of reduce_window max, select_and_scatter_add). A window of nothing but -inf and padding
-// selects nothing (index kNoIndex: its gradient is dropped, as in jax's jvp). y is the
-// selected value (-inf when nothing is selected), so NaN propagates. The rule combines
-// associatively, which lets a window be split across threads.
+// NaN if there is one) and padding as -inf. Without NaN this is jax.lax's rule (jax.grad of
+// reduce_window max: select_and_scatter_add with `ge`). So a window whose elements are all -inf
+// selects its first tap, and selects nothing (index kNoIndex: its gradient is dropped) when
+// that tap is padding. y is the selected value (-inf for such windows), so NaN propagates.
+// The kernels reduce taps above -inf (associatively, which lets a window be split across
+// threads) and settle a window where none was taken once, at the end (selected_index).
 //
 // Backward kernels gather (one thread per input element visits the windows covering it), so
 // every result is deterministic.
@@ -69,7 +70,18 @@ template <typename Idx> constexpr Idx kNoIndex = std::numeric_limits<Idx>::max()
 // One axis of a window: taps read coordinates start + t; [lo, hi) of them lie on the input.
 struct Span {
   int64_t start, lo, hi;
+  // Whether the window's first tap along this axis lies on the input.
+  JAXDNN_POOL_HD bool first_on_input() const { return lo == start && lo < hi; }
 };
+
+// The index stored for a window whose reduction took tap ix, or none (ix < 0: no element above
+// -inf). Then every element of the window is -inf, padding included, and the first tap is
+// the first of its maxima: selected when it lies on the input, nothing (kNoIndex) when it is
+// padding, as jax.grad of reduce_window max (padding -inf) does.
+template <typename Idx>
+JAXDNN_POOL_HD Idx selected_index(int32_t ix, bool first_on_input) {
+  return ix >= 0 ? Idx(ix) : (first_on_input ? Idx(0) : kNoIndex<Idx>);
+}
 
 struct Problem {
   int64_t N = 0, C = 0;

@@ -16,10 +16,13 @@ to the selection is zero, so every order of ``grad``/``jvp`` runs our kernels. A
 is linear: forward and backward are each other's transpose. Batching folds the mapped axis
 into N.
 
-The selected element of a window (where the gradient goes) is the first maximal one, the tie
-rule of ``jax.grad`` of ``lax.reduce_window`` max; NaN counts as larger than any number (a
-window with NaN outputs NaN and routes its gradient to its first NaN) and a window holding
-only -inf and padding selects nothing (its gradient is dropped; jax's jvp does the same).
+The selected element of a window (where the gradient goes) is the first maximal one in window
+order, padding counting as -inf: the rule of ``jax.grad`` of ``lax.reduce_window`` max. So a
+window of -inf routes its gradient to its first tap, and drops it when that tap is padding.
+NaN counts as larger than any number (a window with NaN outputs NaN and routes its gradient to
+its first NaN). The jvp gathers the tangent at the same element: for a window of -inf that
+is its first tap's tangent, where lax's jvp (select_and_gather_add) gives 0; gather and
+scatter stay each other's transposes.
 """
 
 from __future__ import annotations
