@@ -156,19 +156,20 @@ struct Args {
 };
 
 // An empty problem: no output element, or nothing in each output's sum (no input pixel, no
-// channel or no filter tap). The tiled algorithms' plans divide by tile and slice counts, so
-// only `direct`, which loops over the outputs (writing zeros where a sum is empty), runs one.
+// channel or no filter tap).
 inline bool is_empty(const Problem& p) {
   bool empty = p.N == 0 || p.K == 0 || p.C == 0;
   for (int a = 0; a < 3; ++a) empty = empty || p.in[a] == 0 || p.filt[a] == 0 || p.out[a] == 0;
   return empty;
 }
 
-// Whether algorithm `a` of any registry runs `args`: its own supports(), behind the rule every
-// registry shares (an empty problem runs on `direct`). Every caller asks through this.
+// Whether algorithm `a` of a registry runs `args`: its own supports(), behind the rule of its
+// registry for empty problems. A registry whose algorithms tile the problem (Algo::kTiledEmpty:
+// the CUDA one, whose plans divide by tile and slice counts) runs them on `direct` alone, which
+// loops over the outputs and writes zeros where a sum is empty. Every caller asks through this.
 template <typename Algo>
 Support algorithm_supports(const Algo& a, const Args& args) {
-  if (is_empty(args.p) && std::string(a.name) != "direct")
+  if (Algo::kTiledEmpty && is_empty(args.p) && std::string(a.name) != "direct")
     return Support::No("the problem is empty (no output, or nothing to sum): direct runs it");
   return a.supports(args);
 }

@@ -18,6 +18,8 @@ struct CpuAlgorithm {
   // Bytes of temporary memory one call allocates (for reporting and workspace limits).
   int64_t (*workspace_bytes)(const Args&, int num_threads);
   Status (*run)(const Args&, const Buffers&, const Parallel&);
+  // Every CPU algorithm runs empty problems (conv.h: algorithm_supports).
+  static constexpr bool kTiledEmpty = false;
 };
 
 extern const CpuAlgorithm kCpuDirect;       // cpu_direct.cc: the oracle

@@ -20,6 +20,8 @@ struct CudaAlgorithm {
   int64_t (*workspace_bytes)(const Args&);
   // Enqueues the computation on `stream`; `workspace` has workspace_bytes(args) bytes.
   Status (*run)(const Args&, const Buffers&, void* workspace, cudaStream_t stream);
+  // Empty problems run on direct alone (conv.h: algorithm_supports).
+  static constexpr bool kTiledEmpty = true;
 };
 
 extern const CudaAlgorithm kCudaDirect;  // cuda_direct.cu: the GPU oracle
