@@ -13,7 +13,10 @@ Defaults come from the environment: ``JAXDNN_BENCHMARK``, ``JAXDNN_DETERMINISTIC
 ``JAXDNN_CACHE_DIR`` (default ``$XDG_CACHE_HOME/jaxdnn`` or ``~/.cache/jaxdnn``).
 
 Settings are read when a jaxdnn op is *traced* and recorded in the traced program, like the
-algorithm itself: a function that ``jax.jit`` has already compiled keeps its choices.
+algorithm itself. They are part of ``jax.jit``'s cache key (as jax's own
+``default_matmul_precision`` is), so a jitted function called under other settings is traced
+and compiled again with its algorithms chosen under them; a compiled executable
+(``jax.jit(f).lower(...).compile()``) keeps its choices.
 """
 
 from __future__ import annotations
@@ -83,8 +86,39 @@ def from_environment(env=os.environ) -> Settings:
     )
 
 
+def _jit_key_state():
+    """A jax config state that holds the settings in force, included in ``jax.jit``'s cache
+    key, so that a function traced under other settings is traced again (and its algorithms
+    chosen again), as jax does for its own ``default_matmul_precision``. None where this jax
+    has no such state (then a changed setting reaches only functions traced after it)."""
+    try:
+        from jax._src import config as jax_config
+
+        state = jax_config.string_or_object_state
+    except (ImportError, AttributeError):
+        return None
+    name, help_text = "jaxdnn_settings", "jaxdnn.config's settings (set through jaxdnn.config)"
+    try:  # the tracing caches' key as well as the dispatch cache's
+        return state(name, None, help_text, include_in_jit_key=True,
+                     include_in_trace_context=True)
+    except TypeError:  # a jax whose states have no trace-context flag
+        return state(name, None, help_text, include_in_jit_key=True)
+
+
 _lock = threading.Lock()
-_current = from_environment()
+_jit_key = _jit_key_state()
+
+
+def _set(settings: Settings) -> None:
+    """Puts `settings` in force (call with _lock held)."""
+    global _current
+    _current = settings
+    if _jit_key is not None:
+        _jit_key.set_global(settings)
+
+
+_current: Settings
+_set(from_environment())
 
 
 def settings() -> Settings:
@@ -105,7 +139,6 @@ class config:  # noqa: N801  (used like a function)
 
     def __init__(self, *, benchmark=_UNSET, deterministic=_UNSET, workspace_limit=_UNSET,
                  cache_dir=_UNSET):
-        global _current
         changes = {}
         for name, value in (("benchmark", benchmark), ("deterministic", deterministic)):
             if value is not _UNSET:
@@ -126,15 +159,14 @@ class config:  # noqa: N801  (used like a function)
             changes["cache_dir"] = os.fspath(cache_dir)
         with _lock:
             self._previous = _current
-            _current = dataclasses.replace(_current, **changes)
+            _set(dataclasses.replace(_current, **changes))
 
     def __enter__(self) -> Settings:
         return _current
 
     def __exit__(self, *exc) -> None:
-        global _current
         with _lock:
-            _current = self._previous
+            _set(self._previous)
 
     def __repr__(self) -> str:
         return f"jaxdnn.config({_current})"

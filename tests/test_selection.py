@@ -457,10 +457,10 @@ def test_cuda_workspace_limit_changes_the_heuristic_choice(limit):
         assert f"{a.name} (needs {a.workspace_bytes} workspace bytes" in row.reason
 
 
-@pytest.mark.xfail(strict=True, reason="reported: jaxdnn.config's policy is not part of jax.jit's "
-                   "cache key, so a function traced before a config change keeps its old choice")
 @needs_cuda_module
 def test_config_change_reaches_an_already_traced_function():
+    """jaxdnn.config's settings are part of jax.jit's cache key: a function jitted and lowered
+    before a change is lowered again under it, with the algorithm the new policy chooses."""
     f = _conv_fn("highest")
     before = _lowered_algos(f, X32, W32)
     with jaxdnn.config(workspace_limit=0):
@@ -496,3 +496,23 @@ def test_gpu_deterministic_runs_the_lowered_algorithm_bitwise(injected, request,
     step = lowered.compile()
     first, again = np.asarray(step(w, x)), np.asarray(step(w, x))
     np.testing.assert_array_equal(first, again)
+
+
+def test_config_change_retraces_a_jitted_function():
+    """A jitted function is traced once per jaxdnn.config setting (the settings are part of
+    jax.jit's cache key), and called again under the same settings it is not retraced."""
+    traces = []
+
+    @jax.jit
+    def f(x, w):
+        traces.append(jaxdnn._config.settings())  # the settings in force while tracing
+        return jaxdnn.conv(x, w, padding="SAME")
+
+    x, w = jnp.ones((1, 6, 6, 4)), jnp.ones((3, 3, 4, 8))
+    f(x, w)
+    f(x, w)
+    with jaxdnn.config(deterministic=True):
+        f(x, w)
+        f(x, w)
+    f(x, w)
+    assert [t.deterministic for t in traces] == [False, True]
