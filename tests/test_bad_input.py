@@ -20,8 +20,8 @@ from jax import lax
 
 import jaxdnn
 from jaxdnn import _config, algo, tuning
+from util import subprocess_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _conv_in_benchmark_mode(cache_dir, x_shape):
@@ -184,7 +184,7 @@ def test_workspace_limit_env_not_finite(tmp_path):
     for value in ("inf", "1e400", "-inf", "nan", "infM"):
         with pytest.raises(ValueError, match=f"JAXDNN_WORKSPACE_LIMIT='{value}'"):
             _config.from_environment({"JAXDNN_WORKSPACE_LIMIT": value})
-    env = dict(os.environ, PYTHONPATH=ROOT, JAXDNN_WORKSPACE_LIMIT="inf", JAX_PLATFORMS="cpu")
+    env = subprocess_env(JAXDNN_WORKSPACE_LIMIT="inf", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", "import jaxdnn"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0

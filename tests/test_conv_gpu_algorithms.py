@@ -5,7 +5,6 @@ jax.lax): bitwise reproducibility and mixed-precision results on the GPU; and th
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,8 @@ import jaxdnn
 from jaxdnn.ops import conv as conv_ops
 
 from test_conv_oracle import GRID
-from util import ROOT, assert_close, has_gpu, needs_cuda_module, needs_gpu, rand
+from util import (assert_close, has_gpu, needs_cuda_module, needs_gpu, rand,
+                  subprocess_env)
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -224,7 +224,7 @@ EMPTY = [((2, 0, 7, 64), (3, 3, 64, 64), 0),  # empty input rows
 
 
 @needs_cuda_module
-def test_registry_answers_empty_problems():
+def test_registry_answers_empty_problems(tmp_path):
     """Problems with an empty operand (the CPU runs them: tests/test_conv.py) get an answer
     from the CUDA registry, every direction, with `direct` among the supported algorithms.
     In a subprocess: a crash must fail this test, not the test run."""
@@ -242,6 +242,5 @@ def test_registry_answers_empty_problems():
                 print("ok", x, w, p.direction, flush=True)
     """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"))
+                         timeout=300, cwd=tmp_path, env=subprocess_env(JAX_PLATFORMS="cpu"))
     assert run.returncode == 0, f"exit {run.returncode}: {run.stdout[-2000:]}{run.stderr[-2000:]}"

@@ -36,7 +36,8 @@ from jax import lax
 import jaxdnn
 from jaxdnn.ops import conv as conv_ops
 
-from util import ROOT, ConvCase, assert_close, channels_last, needs_cuda_module, needs_gpu
+from util import (ROOT, ConvCase, assert_close, channels_last, needs_cuda_module, needs_gpu,
+                  subprocess_env)
 
 NHWC = channels_last(2)
 
@@ -271,20 +272,20 @@ WIDE = ["im2col_256_columns", "im2col_512_outputs_s2", "l3_3x3_256", "l3_1x1_256
 
 
 @needs_gpu
-def test_gpu_wide_tiles_forced():
+def test_gpu_wide_tiles_forced(tmp_path):
     """implicit_precomp_gemm's 256-column tiles (and the two ordered splits that come with them
     on short grids) are taken by size (cc/conv/cuda_gemm_conv.cuh: wide_plan): at N=2 none of
     the cases above is large enough, so the user's default never reaches them here. This runs
     the cases with 256-column GEMMs again with JAXDNN_CONV_BN256=1, which takes them at any size
     (read once per process: a subprocess)."""
-    env = dict(os.environ, JAXDNN_CONV_BN256="1", JAXDNN_ORACLE_ALGOS="implicit_precomp_gemm",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    env = subprocess_env(ROOT / "tests", JAXDNN_CONV_BN256="1",
+                         JAXDNN_ORACLE_ALGOS="implicit_precomp_gemm")
     env.pop("PYTEST_XDIST_WORKER", None)
     keys = " or ".join(f"{c}-" for c in WIDE)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
                           "no:xdist", str(ROOT / "tests" / "test_conv_oracle.py"), "-k",
                           f"test_gpu_algorithms_match_lax and ({keys})"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert f"{len(WIDE) * len(ARITHMETICS)} passed" in run.stdout, run.stdout[-3000:]
 

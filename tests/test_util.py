@@ -4,7 +4,6 @@ missing GPU into a failure."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from util import ROOT, assert_close, rel_l2, tolerance
+from util import ROOT, assert_close, rel_l2, subprocess_env, tolerance
 
 M, N = 400, 250  # 100k outputs
 KINDS = ("float32", "tf32", "float16", "bfloat16")
@@ -158,10 +157,9 @@ def _pytest(tmp_path, source, require=False):
     machine made GPU-less (JAX_PLATFORMS=cpu)."""
     (tmp_path / "test_tiny.py").write_text(textwrap.dedent(source))
     shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
-    env = {k: v for k, v in os.environ.items()
+    env = {k: v for k, v in subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu",
+                                           CUDA_VISIBLE_DEVICES="").items()
            if k not in ("JAXDNN_REQUIRE_GPU", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS")}
-    env.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
     if require:
         env["JAXDNN_REQUIRE_GPU"] = "1"
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import pathlib
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxdnn
 from jaxdnn import _ffi
 
 DTYPES = (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16)
@@ -224,3 +226,16 @@ def run_host_check(source: str, tmp_path) -> str:
     out = subprocess.run([str(exe)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
+
+
+def subprocess_env(*paths, **variables) -> dict:
+    """The environment for a Python subprocess of a test: this one's, plus `variables`, with
+    `paths` and the folder of the jaxdnn this process imported on PYTHONPATH, so that the child
+    imports the same build (the installed package in CI, the source tree of an in-place
+    developer build). Run the child outside the source tree (cwd=tmp_path): a cwd holding the
+    uncompiled jaxdnn/ folder would shadow an installed package."""
+    package_parent = str(pathlib.Path(jaxdnn.__file__).resolve().parents[1])
+    env = dict(os.environ, **variables)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*map(str, paths), package_parent, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
