@@ -291,3 +291,16 @@ def test_small_ones():
         jax.eval_shape(partial(jaxdnn.conv, padding=2**40), one, one)
     with pytest.raises(ValueError, match="jaxdnn_pool_max_fwd: the result .* bytes"):
         jax.eval_shape(lambda v: jaxdnn.max_pool(v, 1, padding=2**40), one)
+
+
+@pytest.mark.parametrize("kw, name", [(dict(stride=True), "stride"), (dict(groups=True), "groups"),
+                                      (dict(dilation=(1, False)), "dilation"),
+                                      (dict(groups=1.0), "groups")])
+def test_conv_window_sizes_are_ints_not_bools(kw, name):
+    # A bool is not a size (pooling rejects them too): TypeError naming the argument.
+    x, w = jnp.ones((1, 5, 5, 2)), jnp.ones((3, 3, 2, 4))
+    with pytest.raises(TypeError, match=f"`{name}`"):
+        jaxdnn.conv(x, w, **kw)
+    if name == "groups":
+        with pytest.raises(TypeError, match="`groups`"):
+            jaxdnn.conv_transpose(x, jnp.ones((3, 3, 4, 2)), **kw)

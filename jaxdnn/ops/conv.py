@@ -300,8 +300,10 @@ def _int_tuple(value, nd, name, names: _Names, *, minimum):
     if value is None:
         value = 1
     if isinstance(value, (int, np.integer)):
-        value = (int(value),) * nd
+        value = (value,) * nd
     try:
+        if any(isinstance(v, (bool, np.bool_)) for v in value):
+            raise TypeError("a bool is not a size")
         value = tuple(operator.index(v) for v in value)
     except TypeError as e:
         raise TypeError(f"{names.api}: `{name}` must be an int or a sequence of {nd} ints, "
@@ -378,10 +380,8 @@ def _canonical_problem(lhs, rhs, dnums, window_strides, padding, lhs_dilation, r
     strides = _int_tuple(window_strides, nd, names.stride, names, minimum=1)
     lhs_dil = _int_tuple(lhs_dilation, nd, names.lhs_dilation, names, minimum=1)
     rhs_dil = _int_tuple(rhs_dilation, nd, names.rhs_dilation, names, minimum=1)
-    for value, name in ((feature_group_count, names.groups),
-                        (batch_group_count, "batch_group_count")):
-        if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{names.api}: `{name}` must be a positive int, got {value!r}")
+    feature_group_count = _checks.positive_int(feature_group_count, names.groups, names.api)
+    batch_group_count = _checks.positive_int(batch_group_count, "batch_group_count", names.api)
     if feature_group_count > 1 and batch_group_count > 1:
         raise ValueError(f"{names.api}: at most one of `{names.groups}` and `batch_group_count` "
                          "may be > 1")
@@ -615,9 +615,7 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
     # Its high padding absorbs output_padding so that the forward output size is exactly in_sp.
     fwd_pads = [(lo, hi - op) for (lo, hi), op in zip(pads, out_pad)]
     kch, cin_g = xc.shape[-1], wc.shape[-2]
-    g = groups
-    if not isinstance(g, (int, np.integer)) or g < 1:
-        raise ValueError(f"{api}: `groups` must be a positive int, got {g!r}")
+    g = _checks.positive_int(groups, "groups", api)
     if wc.shape[-1] != kch:
         raise ValueError(f"{api}: channel mismatch: `x` has {kch} channels but `w` has "
                          f"{wc.shape[-1]} output (O) channels of the forward convolution")
