@@ -10,7 +10,6 @@ platform) at lowering time, so the choice is a static attribute of the custom ca
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import time
@@ -26,7 +25,12 @@ DIRECTIONS = ("fwd", "bwd_data", "bwd_filter")
 
 @dataclasses.dataclass(frozen=True)
 class AlgoInfo:
-    """One algorithm's answer for one problem."""
+    """One algorithm's answer for one problem.
+
+    `name` is what runs: for a conv algorithm with kernel variants, the concrete variant
+    (``implicit_precomp_gemm.wgmma.im2col_tma.tma_b.128x128.ws``: its base name, then the options
+    that pin each choice, cc/conv/variant.h), which a caller may pass as `algo`; `base` is the
+    registered algorithm and `default` says whether this is the variant the base name runs."""
 
     name: str
     direction: str
@@ -37,6 +41,8 @@ class AlgoInfo:
     deterministic: bool
     tensor_cores: bool
     rank: int | None  # heuristic preference among the supported ones, 0 = first choice
+    base: str = ""
+    default: bool = True
 
 
 def platform_name(platform: str | None) -> str:
@@ -50,28 +56,45 @@ def _num_threads(platform: str) -> int:
     return (os.cpu_count() or 1) if platform == "cpu" else 1
 
 
-def conv_algorithms(spec, direction: str, in_dtype, out_dtype, platform: str) -> list[AlgoInfo]:
-    """Every registered algorithm of `platform` for one conv problem and direction, with
-    applicability, reason and workspace, ordered by the heuristic (unsupported ones last)."""
+def _raw_conv_algorithms(spec, direction: str, in_dtype, out_dtype, platform: str, *,
+                         names=(), variants=False) -> list[dict]:
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    module = _ffi.module_for(platform)
-    raw = module.conv_algorithms(DIRECTIONS.index(direction), spec.encode(), str(in_dtype),
-                                 str(out_dtype), _num_threads(platform))
-    order = _heuristic_order(platform, direction, spec, np.dtype(in_dtype),
-                             [r for r in raw if r["supported"]])
+    return _ffi.module_for(platform).conv_algorithms(
+        DIRECTIONS.index(direction), spec.encode(), np.dtype(in_dtype).name,
+        np.dtype(out_dtype).name, _num_threads(platform), list(names), variants)
+
+
+def _conv_infos(raw: list[dict], direction: str, platform: str,
+                rank: dict[str, int]) -> list[AlgoInfo]:
+    return [AlgoInfo(name=r["name"], direction=direction, platform=platform,
+                     supported=r["supported"], reason=r["reason"],
+                     workspace_bytes=int(r["workspace_bytes"]),
+                     deterministic=r["deterministic"], tensor_cores=r["tensor_cores"],
+                     rank=rank.get(r["name"]), base=r["base"], default=r["default"])
+            for r in raw]
+
+
+def conv_algorithms(spec, direction: str, in_dtype, out_dtype, platform: str, *,
+                    variants: bool = True) -> list[AlgoInfo]:
+    """Every registered algorithm of `platform` for one conv problem and direction, with
+    applicability, reason and workspace, ordered by the heuristic (unsupported ones last): each
+    algorithm's default variant, and with `variants` every other variant that can run (after
+    the defaults) and the options that cannot, with the reason."""
+    raw = _raw_conv_algorithms(spec, direction, in_dtype, out_dtype, platform, variants=variants)
+    defaults = {r["base"]: r["name"] for r in raw if r["supported"] and r["default"]}
+    order = [defaults[b] for b in _heuristic_order(platform, direction, spec,
+                                                   np.dtype(in_dtype), defaults)]
+    order += [r["name"] for r in raw if r["supported"] and r["name"] not in order]
     rank = {name: i for i, name in enumerate(order)}
-    infos = [AlgoInfo(name=r["name"], direction=direction, platform=platform,
-                      supported=r["supported"], reason=r["reason"],
-                      workspace_bytes=int(r["workspace_bytes"]),
-                      deterministic=r["deterministic"], tensor_cores=r["tensor_cores"],
-                      rank=rank.get(r["name"])) for r in raw]
+    infos = _conv_infos(raw, direction, platform, rank)
     return sorted(infos, key=lambda a: (a.rank is None, a.rank or 0, a.name))
 
 
 def _heuristic_order(platform: str, direction: str, spec, dtype: np.dtype,
-                     supported: list[dict]) -> list[str]:
-    """Names of the supported algorithms, best first.
+                     defaults: dict[str, str]) -> list[str]:
+    """Base names of the supported algorithms, best first (`defaults`: each one's default
+    variant, whose options say which fast paths apply).
 
     CPU (benchmarks/results/conv_cpu-*.md): im2col + blocked GEMM runs at 0.7-6x XLA:CPU on
     every ResNet-50 layer, so it wins whenever there is a GEMM worth blocking. It loses where
@@ -81,19 +104,20 @@ def _heuristic_order(platform: str, direction: str, spec, dtype: np.dtype,
 
     GPU: see _cuda_preference.
     """
-    names = [r["name"] for r in supported]
+    names = list(defaults)
     depthwise = spec.rhs_shape[3] == 1 and spec.groups > 1
     if platform == "cpu":
         preference = ["im2col_gemm", "direct"]
         if spec.macs() < 32 * 1024 or depthwise:
             preference = ["direct", "im2col_gemm"]
     else:
-        preference = _cuda_preference(direction, spec, dtype, depthwise)
+        preference = _cuda_preference(direction, spec, dtype, depthwise, defaults)
     ordered = [n for n in dict.fromkeys(preference) if n in names]  # first mention wins
     return ordered + sorted(n for n in names if n not in ordered)
 
 
-def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> list[str]:
+def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool,
+                     defaults: dict[str, str]) -> list[str]:
     """GPU order, from benchmarks/results/conv_gpu-*.md (H200, ResNet-50 layers, N=64):
     - depthwise problems are memory-bound gathers: the register-tiled 3x3 stride-1 kernel
       where it applies, else the general depthwise kernel (1.1-24x XLA on the 7x7 layer);
@@ -106,7 +130,9 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
     - 7x7 stride-1 filters (5x5 in exact float32): the FFT, whose cost does not grow with the
       filter: 118-191 TFLOP/s-equivalent against 20-185 for the table-gather GEMMs (it
       computes in float32, so 16-bit inputs lose nothing); except where implicit_precomp_gemm
-      reads A through TMA's im2col mode (_im2col_wins): there it runs 206-464 TFLOP/s in
+      reads A through TMA's im2col mode (its default variant has the im2col_tma option: a
+      Hopper GPU, one group, a 2-D filter, 16-bit channels a multiple of 64 or TF32 fwd and
+      bwd_data with a multiple of 32): there it runs 206-464 TFLOP/s in
       16 bits and 170-248 in TF32 against the FFT's 138-219;
     - otherwise the tensor-core implicit GEMM with precomputed offsets (fwd, bwd_data, and
       bwd_filter with its ordered split-K): the table lookup beats per-chunk index arithmetic
@@ -119,8 +145,10 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
       few output tiles), ahead of im2col_gemm's patch matrix; for bwd_data im2col_gemm, whose
       GEMM + col2im has T*R*S*Cg on the GEMM's N side (the implicit forms need Cg % 8);
     - 16-bit 3x3 stride-1 bwd_filter on 16x8-pixel tiles, any multiple of 64 channels:
-      implicit_gemm_splitk, whose halo path keeps all nine taps' accumulators over one x
-      halo and one dy tile, at 276-323 TFLOP/s against the tables' 126-209 (l1-l3);
+      implicit_gemm_splitk, whose halo path (its default variant has the halo option: a
+      Hopper GPU, 16-bit, one group, a 3x3 stride-1 2-D filter, both channel counts multiples
+      of 64, 16x8 tiles at least 70% inside the image) keeps all nine taps' accumulators over
+      one x halo and one dy tile, at 276-323 TFLOP/s against the tables' 126-209 (l1-l3);
     - the direct kernel last: no reuse.
     """
     if depthwise:
@@ -134,9 +162,9 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
     if dtype == np.float32 and stride1 and (t, r, s) == (1, 3, 3) and (exact_f32 or wide_filter):
         first = ["winograd_nonfused"]
     elif stride1 and t == 1 and (min(r, s) >= 7 or (exact_f32 and min(r, s) >= 5)) and \
-            not _im2col_wins(direction, spec, dtype):
+            not _has_option(defaults.get("implicit_precomp_gemm"), "im2col_tma"):
         first = ["fft", "fft_tiling"]
-    elif _halo_wins(direction, spec, dtype):
+    elif direction == "bwd_filter" and _has_option(defaults.get("implicit_gemm_splitk"), "halo"):
         first = ["implicit_gemm_splitk"]
     elif cg % 8 != 0:
         first = {"fwd": ["implicit_gemm"], "bwd_data": ["im2col_gemm"],
@@ -146,47 +174,9 @@ def _cuda_preference(direction: str, spec, dtype: np.dtype, depthwise: bool) -> 
                     "implicit_gemm_splitk_atomic", "direct"]
 
 
-@functools.cache
-def _hopper() -> bool:
-    """Whether the first GPU is a Hopper (sm_90), the only one with the halo path."""
-    try:
-        return str(getattr(jax.devices("gpu")[0], "compute_capability", "")).startswith("9")
-    except RuntimeError:  # no GPU backend
-        return False
-
-
-def _im2col_wins(direction: str, spec, dtype: np.dtype) -> bool:
-    """Whether implicit_precomp_gemm reads its A operand through TMA's im2col mode
-    (cc/conv/cuda_implicit_precomp_gemm.cu: im2col_tma_applies, whose window and offset ranges
-    a stride-1 7x7 filter always meets): a Hopper GPU, one group, a 2-D filter without lhs
-    dilation, and the reduced channels a multiple of the 128-byte slice: 16-bit with C (fwd,
-    bwd_filter) or K (bwd_data) a multiple of 64; TF32 fwd and bwd_data with a multiple of 32
-    (bwd_filter reads x^T mn-major, which wgmma takes in 16 bits only)."""
-    _, d, _, _, c = spec.lhs_shape
-    t, _, _, _, k = spec.rhs_shape
-    if not _hopper() or spec.groups != 1 or d != 1 or t != 1 or spec.lhs_dilation != (1, 1, 1):
-        return False
-    reduced = k if direction == "bwd_data" else c
-    if dtype.itemsize == 2:
-        return reduced % 64 == 0
-    return dtype == np.float32 and spec.tf32 and direction != "bwd_filter" and reduced % 32 == 0
-
-
-def _halo_wins(direction: str, spec, dtype: np.dtype) -> bool:
-    """Whether the halo bwd_filter (cc/conv/cuda_implicit_gemm.cu: halo_filter_applies, run
-    by implicit_gemm_splitk) takes a problem where the benchmarks have it ahead: a Hopper GPU,
-    16-bit, one group, a 3x3 stride-1 2-D filter, both channel counts multiples of 64, tiles
-    of 16x8 output pixels at least 70% inside the image. (implicit_gemm's halo fwd and
-    bwd_data now trail implicit_precomp_gemm's im2col path; _cuda_preference.)"""
-    _, d, h, w, c = spec.lhs_shape
-    t, r, s, _, k = spec.rhs_shape
-    if direction != "bwd_filter" or not _hopper() or dtype.itemsize != 2 or spec.groups != 1 \
-            or d != 1 or (t, r, s) != (1, 3, 3) or spec.stride != (1, 1, 1) or \
-            spec.lhs_dilation != (1, 1, 1) or spec.rhs_dilation != (1, 1, 1):
-        return False
-    _, _, p, q, _ = spec.out_shape
-    covered = -(-p // 16) * 16 * (-(-q // 8) * 8)
-    return c % 64 == 0 and k % 64 == 0 and 10 * p * q >= 7 * covered
+def _has_option(name: str | None, option: str) -> bool:
+    """Whether a concrete algorithm name (cc/conv/variant.h) carries `option`."""
+    return name is not None and option in name.split(".")[1:]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,8 +210,13 @@ def _policy_exclusions(info: AlgoInfo, deterministic: bool, workspace_limit: int
 
 def select_conv_algorithm(spec, direction: str, in_dtype, out_dtype, platform: str,
                           forced: str | None, policy=(False, False, -1), finder=None) -> Choice:
-    """The conv algorithm that runs (see select_algorithm)."""
-    infos = conv_algorithms(spec, direction, in_dtype, out_dtype, platform)
+    """The conv algorithm that runs (see select_algorithm): the concrete variant (every variant
+    that can run when benchmark mode times them, else each algorithm's default; a forced name
+    the listing lacks is described on its own)."""
+    infos = conv_algorithms(spec, direction, in_dtype, out_dtype, platform, variants=policy[0])
+    if forced is not None and not any(forced in (a.name, a.base) for a in infos):
+        raw = _raw_conv_algorithms(spec, direction, in_dtype, out_dtype, platform, names=[forced])
+        infos += _conv_infos(raw, direction, platform, {})
     return select_algorithm(
         "conv", direction, infos, platform, forced, policy,
         problem_key(spec, direction, in_dtype, out_dtype),
@@ -243,12 +238,15 @@ def select_algorithm(op: str, direction: str, infos: list[AlgoInfo], platform: s
     """
     benchmark, deterministic, workspace_limit = policy
     usable = [a for a in infos if a.supported]
-    if forced is not None:
-        match = [a for a in infos if a.name == forced]
-        if not match:
+    if forced is not None:  # a name, or the base name of a default variant
+        match = [a for a in infos if a.name == forced] or \
+            [a for a in infos if a.base == forced and a.default]
+        if not match or not match[0].base:
+            known = ", ".join(dict.fromkeys(a.base for a in infos if a.base))
+            detail = f" ({match[0].reason})" if match else ""
             raise ValueError(
-                f"jaxdnn: unknown {op} algorithm {forced!r} for {direction} on {platform}; "
-                f"registered: {', '.join(a.name for a in infos)}")
+                f"jaxdnn: unknown {op} algorithm {forced!r} for {direction} on {platform}"
+                f"{detail}; registered: {known}")
         if not match[0].supported:
             raise ValueError(
                 f"jaxdnn: {op} algorithm {forced!r} cannot run this {direction} problem on "
@@ -258,7 +256,7 @@ def select_algorithm(op: str, direction: str, infos: list[AlgoInfo], platform: s
         if why:
             raise ValueError(f"jaxdnn: {op} algorithm {forced!r} is excluded by "
                              f"jaxdnn.config: {why}")
-        return Choice(forced, "forced", match[0].workspace_bytes)
+        return Choice(match[0].name, "forced", match[0].workspace_bytes)
 
     excluded, candidates = [], []
     for a in usable:
@@ -328,5 +326,5 @@ def registry_infos(raw: list[dict], direction: str, platform: str) -> list[AlgoI
                       supported=r["supported"], reason=r["reason"],
                       workspace_bytes=int(r["workspace_bytes"]),
                       deterministic=r["deterministic"], tensor_cores=r["tensor_cores"],
-                      rank=rank.get(r["name"])) for r in raw]
+                      rank=rank.get(r["name"]), base=r["name"]) for r in raw]
     return sorted(infos, key=lambda a: (a.rank is None, a.rank or 0))

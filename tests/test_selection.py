@@ -28,10 +28,11 @@ SPEC = jaxdnn.conv_problem(jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32),
 
 def fake_registry(monkeypatch, entries):
     """Replaces the compiled registry with `entries`: (name, supported, ws, deterministic)."""
-    def fake(spec, direction, in_dtype, out_dtype, platform):
+    def fake(spec, direction, in_dtype, out_dtype, platform, variants=True):
         return [algo.AlgoInfo(name=n, direction=direction, platform=platform, supported=s,
                               reason="" if s else "not for this problem", workspace_bytes=ws,
-                              deterministic=d, tensor_cores=False, rank=i if s else None)
+                              deterministic=d, tensor_cores=False, rank=i if s else None,
+                              base=n)
                 for i, (n, s, ws, d) in enumerate(entries)]
     monkeypatch.setattr(algo, "conv_algorithms", fake)
 

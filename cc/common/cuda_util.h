@@ -14,7 +14,6 @@
 #include <utility>
 
 #include "cc/common/dtype.h"
-#include "cc/common/env.h"
 #include "cc/common/status.h"
 
 namespace jaxdnn::cuda {
@@ -82,17 +81,11 @@ inline Status check(cudaError_t e, const char* what) {
 // back plain launches start 0.3-0.9 us after the previous kernel ends, XLA's fusions 0.1-0.3 us
 // before. There is no early trigger (griddepcontrol.launch_dependents at a kernel's start): the
 // dependent grid's blocks then sat resident and waiting through the whole of a one-wave kernel,
-// and batch_norm NCHW's two-call forward lost 5.7 us (benchmarks/NOTES.md, session 23).
-// JAXDNN_NO_PDL=1 launches plainly.
+// and batch_norm NCHW's two-call forward lost 5.7 us (docs/perf/norm.md).
 __device__ __forceinline__ void await_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-
-inline bool dependent_launch() {
-  static const bool on = env_switch("JAXDNN_NO_PDL") != '1';
-  return on;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch, in
@@ -103,10 +96,8 @@ Status launch_clusters(const char* name, unsigned cluster, void (*kernel)(Params
                        dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
-  if (dependent_launch()) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
+  attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   if (cluster > 0) {
     attrs[n].id = cudaLaunchAttributeClusterDimension;
     attrs[n++].val.clusterDim = {cluster, 1, 1};

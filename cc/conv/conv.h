@@ -145,6 +145,20 @@ struct ResultRows {
   }
 };
 
+// A kernel variant: the choices an algorithm otherwise makes itself from the problem and the
+// GPU, each left to it (kAuto) or pinned by an option of the algorithm's name (variant.h has
+// the grammar, e.g. "implicit_precomp_gemm.wgmma.table.tma_b.128x128.ws").
+enum class Pin : int8_t { kAuto = 0, kOn = 1, kOff = 2 };
+struct Variant {
+  Pin wgmma = Pin::kAuto;       // wgmma | mma_sync: Hopper's warpgroup MMA or sm_80's mma.sync
+  Pin ws = Pin::kAuto;          // ws | no_ws: the warp-specialised wgmma kernel (wide tiles)
+  Pin tma_b = Pin::kAuto;       // tma_b | gather_b: the B operand through TMA boxes
+  Pin im2col = Pin::kAuto;      // im2col_tma | table: A through TMA's im2col mode, or a table
+  Pin class_rows = Pin::kAuto;  // class_rows | scatter: strided bwd_data classes' stores
+  Pin halo = Pin::kAuto;        // halo | no_halo: the halo kernels of implicit_gemm*
+  int tile_n = 0;               // 128x64 | 128x128 | 128x256 (0: by the problem)
+};
+
 // A problem plus its dtypes: what an algorithm's supports() and workspace_bytes() look at.
 struct Args {
   Direction dir = Direction::kFwd;
@@ -153,26 +167,8 @@ struct Args {
   DType out = DType::kF32;  // dtype of the result
   bool tf32 = false;        // float32 operands may be rounded to TF32 (lax's default precision)
   ResultRows rows;          // dense unless set by the strided bwd_data classes
+  Variant variant;          // the options of the algorithm's name
 };
-
-// An empty problem: no output element, or nothing in each output's sum (no input pixel, no
-// channel or no filter tap).
-inline bool is_empty(const Problem& p) {
-  bool empty = p.N == 0 || p.K == 0 || p.C == 0;
-  for (int a = 0; a < 3; ++a) empty = empty || p.in[a] == 0 || p.filt[a] == 0 || p.out[a] == 0;
-  return empty;
-}
-
-// Whether algorithm `a` of a registry runs `args`: its own supports(), behind the rule of its
-// registry for empty problems. A registry whose algorithms tile the problem (Algo::kTiledEmpty:
-// the CUDA one, whose plans divide by tile and slice counts) runs them on `direct` alone, which
-// loops over the outputs and writes zeros where a sum is empty. Every caller asks through this.
-template <typename Algo>
-Support algorithm_supports(const Algo& a, const Args& args) {
-  if (Algo::kTiledEmpty && is_empty(args.p) && std::string(a.name) != "direct")
-    return Support::No("the problem is empty (no output, or nothing to sum): direct runs it");
-  return a.supports(args);
-}
 
 // The three buffers of a call, named by role in the *forward* problem. For kFwd, x and w are
 // read and y written; kBwdData reads y (= dy) and w and writes x (= dx); kBwdFilter reads x

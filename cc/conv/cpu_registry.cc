@@ -1,5 +1,3 @@
-#include "cc/common/registry.h"
-
 #include "cc/conv/cpu_algorithms.h"
 
 namespace jaxdnn::conv {
@@ -10,10 +8,6 @@ const std::vector<const CpuAlgorithm*>& cpu_algorithms() {
       &kCpuIm2colGemm,
   };
   return kAll;
-}
-
-const CpuAlgorithm* find_cpu_algorithm(const char* name) {
-  return find_by_name(cpu_algorithms(), name);
 }
 
 }  // namespace jaxdnn::conv

@@ -5,10 +5,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cc/common/status.h"
 #include "cc/conv/conv.h"
+#include "cc/conv/variant.h"
 
 namespace jaxdnn::conv {
 
@@ -20,8 +22,12 @@ struct CudaAlgorithm {
   int64_t (*workspace_bytes)(const Args&);
   // Enqueues the computation on `stream`; `workspace` has workspace_bytes(args) bytes.
   Status (*run)(const Args&, const Buffers&, void* workspace, cudaStream_t stream);
-  // Empty problems run on direct alone (conv.h: algorithm_supports).
+  // Empty problems run on direct alone (variant.h: algorithm_supports).
   static constexpr bool kTiledEmpty = true;
+  // The options its name may carry (space-separated; variant.h), and the options of the
+  // variant that runs a problem (nullptr: it has none).
+  const char* options = "";
+  std::string (*resolve)(const Args&) = nullptr;
 };
 
 extern const CudaAlgorithm kCudaDirect;  // cuda_direct.cu: the GPU oracle
@@ -48,6 +54,5 @@ inline int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 // appending each run's device time (CUDA events, milliseconds) to *ms.
 Status time_cuda_algorithm(const CudaAlgorithm& alg, const Args& a, int repeats,
                            std::vector<float>* ms);
-const CudaAlgorithm* find_cuda_algorithm(const char* name);
 
 }  // namespace jaxdnn::conv

@@ -8,7 +8,6 @@
 #include <string>
 
 #include "cc/common/cuda_util.h"
-#include "cc/common/env.h"
 #include "cc/conv/cuda_algorithms.h"
 #include "cc/conv/cuda_gemm_core.cuh"
 #include "cc/conv/cuda_gemm_operands.cuh"
@@ -53,11 +52,10 @@ constexpr int kTileM = 128;
 inline int tile_n(int64_t N) { return N <= 64 ? 64 : 128; }
 inline int slice_elems(const Args& a) { return kSliceBytes / elem_bytes(a.in); }
 
-// The wgmma kernel is compiled for sm_90a only (other GPUs run the PTX of the mma.sync one);
-// JAXDNN_CONV_MMA_SYNC=1 forces the mma.sync form on Hopper too (benchmarks compare the two).
-inline bool use_wgmma() {
-  static const bool forced_off = env_switch("JAXDNN_CONV_MMA_SYNC") == '1';
-  if (forced_off) return false;
+// Whether the wgmma kernels may run: a Hopper GPU (they are compiled for sm_90a only; other
+// GPUs run the PTX of the mma.sync ones), unless the variant pins mma_sync.
+inline bool use_wgmma(const Args& a) {
+  if (a.variant.wgmma == Pin::kOff) return false;
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
@@ -66,40 +64,81 @@ inline bool use_wgmma() {
   return major == 9 && minor == 0;
 }
 
-// The warp-specialised wgmma kernel for wide tiles, unless JAXDNN_CONV_NO_WS=1 (benchmarks
-// compare the two). Narrow tiles (N <= 64) keep wgmma_kernel: with half the MMA work per slice
-// and one CTA per SM, the warp-specialised one lost up to 2x there (NOTES.md, session 9).
-inline bool use_ws() {
-  static const bool off = env_switch("JAXDNN_CONV_NO_WS") == '1';
-  return !off;
+// Whether a GEMM of `a`'s mode runs on wgmma: 16-bit, or TF32 when both of its operand loaders
+// are k-major (`k_major`); 3xTF32 stays on mma.sync.
+inline bool wgmma_runs(const Args& a, bool k_major) {
+  const bool tf32 = a.in == DType::kF32;
+  return (!tf32 || (a.tf32 && k_major)) && use_wgmma(a);
 }
 
-// Whether a GEMM of mode kMode (not 3xTF32) runs on wgmma; `k_major` says that both of its
-// operand loaders are k-major (TF32 needs it).
-template <Mode kMode>
-bool wgmma_mode(bool k_major) {
-  return (kMode != Mode::kTf32 || k_major) && use_wgmma();
+// The GEMM tiles (variant.h names them by their options):
+//   kMmaNarrow  mma.sync 128x64          kMmaWide  mma.sync 128x128
+//   kWgNarrow   wgmma 128x64             kWgWide   wgmma 128x128
+//   kWsWide     warp-specialised 128x128 kWsWider  warp-specialised 128x256
+// By the problem: 64 columns when the GEMM's N is at most 64, else 128, warp-specialised on
+// wgmma (narrow tiles keep wgmma_kernel: with half the MMA work per slice and one CTA per SM,
+// the warp-specialised one lost up to 2x there, docs/perf/conv.md), and 128x256 where `wider`
+// (kAllTma GEMMs: with_tile) and N is a multiple of 256. The variant may pin the width (64,
+// 128, 256), the core (wgmma_runs) and ws.
+enum class TileKind { kMmaNarrow, kMmaWide, kWgNarrow, kWgWide, kWsWide, kWsWider };
+
+inline TileKind tile_kind(const Args& a, int64_t N, bool k_major, bool wider) {
+  const int pinned = a.variant.tile_n;
+  const bool narrow = pinned == 64 || (pinned == 0 && N <= 64);
+  if (wgmma_runs(a, k_major)) {
+    const bool ws = a.variant.ws != Pin::kOff;
+    if (wider && N % 256 == 0 && ws && pinned != 64 && pinned != 128) return TileKind::kWsWider;
+    if (narrow) return TileKind::kWgNarrow;
+    return ws ? TileKind::kWsWide : TileKind::kWgWide;
+  }
+  return narrow ? TileKind::kMmaNarrow : TileKind::kMmaWide;
 }
 
-// Runs fn(tile config) for a GEMM of mode kMode with N columns; `k_major` as in wgmma_mode.
-// kAllTma: both operand loaders are TMA ones, and `wider` (one group, so that no 64-column box
-// of a 256-column tile reaches into the next group's columns, and wide_plan) allows
-// 256-column tiles where N is a multiple of 256.
+inline bool is_wgmma(TileKind t) { return t != TileKind::kMmaNarrow && t != TileKind::kMmaWide; }
+
+// Columns of a tile.
+inline int tile_cols(TileKind t) {
+  switch (t) {
+    case TileKind::kMmaNarrow: case TileKind::kWgNarrow: return 64;
+    case TileKind::kWsWider: return 256;
+    default: return 128;
+  }
+}
+
+// The options of a GEMM's variant (variant.h): its core, the options of its operand loaders
+// (`loaders`, e.g. ".table.tma_b"), the tile's width and (wgmma, 128 columns and up) ws.
+inline std::string tile_options(TileKind t, const std::string& loaders = "") {
+  std::string s = (is_wgmma(t) ? ".wgmma" : ".mma_sync") + loaders;
+  s += ".128x" + std::to_string(tile_cols(t));
+  if (t == TileKind::kWgWide) s += ".no_ws";
+  if (t == TileKind::kWsWide || t == TileKind::kWsWider) s += ".ws";
+  return s;
+}
+
+// Runs fn(tile config) for a GEMM of mode kMode with N columns: tile_kind's tile; `k_major` and
+// `wider` as there. kAllTma: both operand loaders are TMA ones (the only GEMMs with
+// 128x256 tiles; `wider` needs one group, so that no 64-column box of a 256-column tile reaches
+// into the next group's columns, and wide_plan).
 template <Mode kMode, bool kAllTma = false, typename Fn>
-Status with_tile(int64_t N, bool k_major, Fn&& fn, bool wider = false) {
+Status with_tile(const Args& a, int64_t N, bool k_major, Fn&& fn, bool wider = false) {
   using T = typename ModeTraits<kMode>::T;
+  switch (tile_kind(a, N, k_major, kAllTma && wider)) {
+    case TileKind::kMmaNarrow: return fn(TileNarrow<T>{});
+    case TileKind::kMmaWide: return fn(TileWide<T>{});
+    default: break;
+  }
   if constexpr (kMode != Mode::k3xTf32) {
-    if (wgmma_mode<kMode>(k_major)) {
-      if constexpr (kAllTma) {
-        if (wider && N % 256 == 0 && use_ws()) return fn(WsTileWider<T>{});
-      }
-      if (N <= 64) return fn(WgTileNarrow<T>{});
-      if (use_ws()) return fn(WsTileWide<T>{});
-      return fn(WgTileWide<T>{});
+    switch (tile_kind(a, N, k_major, kAllTma && wider)) {
+      case TileKind::kWgNarrow: return fn(WgTileNarrow<T>{});
+      case TileKind::kWgWide: return fn(WgTileWide<T>{});
+      case TileKind::kWsWide: return fn(WsTileWide<T>{});
+      case TileKind::kWsWider:
+        if constexpr (kAllTma) return fn(WsTileWider<T>{});
+        break;
+      default: break;
     }
   }
-  if (N <= 64) return fn(TileNarrow<T>{});
-  return fn(TileWide<T>{});
+  return Status::Error("conv gemm: no tile for this mode");
 }
 
 template <Mode M> struct ModeTag { static constexpr Mode kMode = M; };
@@ -208,27 +247,24 @@ inline Reduce filter_split(const Args& a) {
 }
 
 // 256-column tiles (with_tile's `wider`) halve the B operand's L2 traffic per output, but also
-// the tile count. Measured on the H200 (benchmarks/NOTES.md, session 10): they pay where the
-// 128x256 tiles cover two thirds of the SMs (l3 3x3 and l4s2 fwd, 98 tiles on 132: +26-45%)
-// and lose where they don't (l4 3x3, 50 tiles: -15-17%). Below that, a GEMM with a long enough
-// reduction runs them in two ordered splits where that fills two thirds of the SMs in one wave
-// (l4 3x3: 100 CTAs), if `may_split`. JAXDNN_CONV_BN256=0 turns them off; =1 takes them at any
-// size, split wherever two splits fit one wave (the GPU tests and the sanitizer, whose problems
-// are small).
+// the tile count. Measured on the H200 (docs/perf/conv.md): they pay where the 128x256 tiles
+// cover two thirds of the SMs (l3 3x3 and l4s2 fwd, 98 tiles on 132: +26-45%) and lose where
+// they don't (l4 3x3, 50 tiles: -15-17%). Below that, a GEMM with a long enough reduction runs
+// them in two ordered splits where that fills two thirds of the SMs in one wave (l4 3x3: 100
+// CTAs), if `may_split`. A variant pinned to 128x256 takes them at any size, split wherever two
+// splits fit one wave; one pinned to narrower tiles or no_ws never does.
 struct WidePlan {
   bool wide;
   int64_t splits;  // of the reduction (1: none)
 };
 
-inline WidePlan wide_plan(const Shape& s, int64_t slices, bool may_split) {
-  static const int forced = [] {  // -1: by size
-    const char c = env_switch("JAXDNN_CONV_BN256");
-    return c == '0' || c == '1' ? c - '0' : -1;
-  }();
-  if (s.N % 256 != 0 || forced == 0) return {false, 1};
+inline WidePlan wide_plan(const Args& a, const Shape& s, int64_t slices, bool may_split) {
+  const int pinned = a.variant.tile_n;
+  if (s.N % 256 != 0 || pinned == 64 || pinned == 128 || a.variant.ws == Pin::kOff)
+    return {false, 1};
   const int64_t tiles = (s.M + 127) / 128 * (s.N / 256), sms = cuda::sm_count();
   const bool two = may_split && slices >= 2 * kMinSlicesPerSplit && 2 * tiles <= sms;
-  if (forced == 1) return {true, two ? 2 : 1};
+  if (pinned == 256) return {true, two ? 2 : 1};
   if (3 * tiles >= 2 * sms) return {true, 1};
   if (two && 3 * 2 * tiles >= 2 * sms) return {true, 2};
   return {false, 1};

@@ -122,25 +122,31 @@ int64_t workspace_bytes(const Args& a) {
 
 // bwd_data: cols = dy x w^T as the GEMM of a 1x1 forward conv over dy's pixels (C = K, Kg
 // inputs per group; G * ld outputs, float), then col2im into dx.
-template <Mode kMode>
-Status run_bwd_data(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
-  using T = typename ModeTraits<kMode>::T;
+Args bwd_data_gemm(const Args& a) {
   const Problem& p = a.p;
-  const Patches pm = patches_of(a);
   Args q = a;
   q.dir = Direction::kFwd;
   q.out = DType::kF32;
   q.p = Problem{};
   q.p.N = p.N;
   q.p.C = p.K;
-  q.p.K = p.G * pm.ld;
+  q.p.K = p.G * patches_of(a).ld;
   q.p.G = p.G;
   for (int d = 0; d < 3; ++d) q.p.in[d] = q.p.out[d] = p.out[d];
+  return q;
+}
+
+template <Mode kMode>
+Status run_bwd_data(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
+  using T = typename ModeTraits<kMode>::T;
+  const Problem& p = a.p;
+  const Patches pm = patches_of(a);
+  const Args q = bwd_data_gemm(a);
   const Shape s = shape_of(q);
   float* cols = static_cast<float*>(ws);
   const MatrixParams<T> dy{static_cast<const T*>(b.y), p.K, int(s.M), int(s.Kd), p.Kg()};
   const MatrixParams<T> w{static_cast<const T*>(b.w), p.K, int(pm.cols), int(s.Kd), p.Kg()};
-  Status st = with_tile<kMode>(s.N, /*k_major=*/true, [&](auto tile) -> Status {
+  Status st = with_tile<kMode>(q, s.N, /*k_major=*/true, [&](auto tile) -> Status {
     using C = decltype(tile);
     return launch<kMode, C, PlainK<T, C::BM, C::kThreads>, PlainK<T, C::BN, C::kThreads>>(
         q, dy, w, cols, Reduce::kNone, nullptr, stream, "conv im2col_gemm bwd_data gemm_kernel");
@@ -178,7 +184,7 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
   if (Status st = cuda::check_launch("conv im2col_gemm im2col_kernel"); !st.ok()) return st;
 
   const MatrixParams<T> pmat{patches, pm.ld, int(pm.rows), int(pm.ld), pm.rows * pm.ld};
-  return with_tile<kMode>(s.N, /*k_major=*/false, [&](auto tile) -> Status {
+  return with_tile<kMode>(a, s.N, /*k_major=*/false, [&](auto tile) -> Status {
     using C = decltype(tile);
     switch (a.dir) {
       case Direction::kFwd: {
@@ -207,9 +213,19 @@ Status run(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
   return with_mode(a, [&](auto mode) { return run_mode<decltype(mode)::kMode>(a, b, ws, stream); });
 }
 
+// The options of the variant that runs `a` (variant.h): the GEMM's core and tile.
+std::string resolve(const Args& a) {
+  if (a.dir == Direction::kBwdData) {
+    const Args q = bwd_data_gemm(a);
+    return tile_options(tile_kind(q, shape_of(q).N, /*k_major=*/true, false));
+  }
+  return tile_options(tile_kind(a, shape_of(a).N, /*k_major=*/false, false));
+}
+
 }  // namespace
 
 const CudaAlgorithm kCudaIm2colGemm = {"im2col_gemm", /*deterministic=*/true,
-                                       /*tensor_cores=*/true, supports, workspace_bytes, run};
+                                       /*tensor_cores=*/true, supports, workspace_bytes, run,
+                                       "wgmma mma_sync 128x64 128x128 ws no_ws", resolve};
 
 }  // namespace jaxdnn::conv

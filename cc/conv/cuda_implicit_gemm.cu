@@ -19,8 +19,7 @@
 // Halo path. On Hopper, 16-bit 2-D stride-1 forward and bwd_data convolutions with channel
 // counts that are multiples of 64 (ResNet's 3x3 layers) run cuda_halo_wgmma.cuh instead: each
 // input chunk is brought into shared memory once per output tile by TMA and every tap reads
-// it there, instead of one gather per tap. JAXDNN_CONV_NO_HALO=1 turns it off (benchmarks
-// compare).
+// it there, instead of one gather per tap (unless the variant pins no_halo).
 
 #include "cc/conv/cuda_gemm_conv.cuh"
 #include "cc/conv/cuda_halo_filter.cuh"
@@ -129,9 +128,9 @@ HaloTiles halo_tiles(int64_t out_h, int64_t out_w) {
 // 64, and 16 x 8 tiles of the output at least 70% inside it (56x56: 88%, 28x28 and 14x14: 77%;
 // 7x7: 38%, left to the general kernels).
 bool halo_shape_ok(const Args& a, int64_t max_s) {
-  static const bool off = env_switch("JAXDNN_CONV_NO_HALO") == '1';
   const Problem& p = a.p;
-  if (off || a.in == DType::kF32 || p.G != 1 || !use_wgmma()) return false;
+  if (a.variant.halo == Pin::kOff || a.in == DType::kF32 || p.G != 1 || !use_wgmma(a))
+    return false;
   if (p.in[0] != 1 || p.filt[0] != 1) return false;  // 2-D (or 1-D along W)
   for (int ax = 0; ax < 3; ++ax)
     if (p.stride[ax] != 1 || p.lhs_dil[ax] != 1 || p.rhs_dil[ax] != 1) return false;
@@ -300,7 +299,7 @@ Status run_mode(const Args& a, const Buffers& b, Reduce r, void* ws, const void*
   // bwd_data's operands are both k-major, so TF32 runs it on wgmma; fwd and bwd_filter read an
   // mn-major operand in place, except the padded TF32 fwd, which brings w transposed (wt).
   const bool k_major = a.dir == Direction::kBwdData || wt != nullptr;
-  return with_tile<kMode>(s.N, k_major, [&](auto tile) -> Status {
+  return with_tile<kMode>(a, s.N, k_major, [&](auto tile) -> Status {
     using C = decltype(tile);
     switch (a.dir) {
       case Direction::kFwd: {
@@ -379,28 +378,46 @@ Status run_padded(const Args& a, const Buffers& b, Reduce r, void* ws, cudaStrea
   return resize_mid(w8, b.result, elem_bytes(a.out), p.filt_spatial(), cg8, cg, p.K, stream);
 }
 
+// The options of the variant that runs `a` with reduction r (variant.h): the halo kernels, or
+// the GEMM's core and tile (of the channel-padded problem where it pads), with no_halo where
+// the variant keeps a halo kernel out.
+std::string resolve_with(const Args& a, Reduce r) {
+  const Args q = pads(a) ? padded(a) : a;
+  if (halo_applies(q, r) || halo_filter_applies(q, r)) return ".halo";
+  Args general = q;
+  general.variant.halo = Pin::kAuto;
+  const bool halo_off = halo_applies(general, r) || halo_filter_applies(general, r);
+  const bool k_major = a.dir == Direction::kBwdData || (pads(a) && kmajor_weight(q));
+  const std::string tile = tile_options(tile_kind(q, shape_of(q).N, k_major, false));
+  return halo_off ? ".no_halo" + tile : tile;
+}
+
+// One registry entry per reduction form (see the top).
 template <Reduce kReduce>
-struct Variant {
+struct Form {
   static Support supports(const Args& a) { return supports_with(a, kReduce); }
   static int64_t workspace(const Args& a) { return workspace_with(a, kReduce); }
   static Status run(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
     return pads(a) ? run_padded(a, b, kReduce, ws, stream) : run_gemm(a, b, kReduce, ws, stream);
   }
+  static std::string resolve(const Args& a) { return resolve_with(a, kReduce); }
 };
+
+constexpr const char* kGemmOptions = "halo no_halo wgmma mma_sync 128x64 128x128 ws no_ws";
 
 }  // namespace
 
 const CudaAlgorithm kCudaImplicitGemm = {
     "implicit_gemm", /*deterministic=*/true, /*tensor_cores=*/true,
-    Variant<Reduce::kNone>::supports, Variant<Reduce::kNone>::workspace,
-    Variant<Reduce::kNone>::run};
+    Form<Reduce::kNone>::supports, Form<Reduce::kNone>::workspace, Form<Reduce::kNone>::run,
+    kGemmOptions, Form<Reduce::kNone>::resolve};
 const CudaAlgorithm kCudaImplicitGemmSplitK = {
     "implicit_gemm_splitk", /*deterministic=*/true, /*tensor_cores=*/true,
-    Variant<Reduce::kOrdered>::supports, Variant<Reduce::kOrdered>::workspace,
-    Variant<Reduce::kOrdered>::run};
+    Form<Reduce::kOrdered>::supports, Form<Reduce::kOrdered>::workspace,
+    Form<Reduce::kOrdered>::run, kGemmOptions, Form<Reduce::kOrdered>::resolve};
 const CudaAlgorithm kCudaImplicitGemmSplitKAtomic = {
     "implicit_gemm_splitk_atomic", /*deterministic=*/false, /*tensor_cores=*/true,
-    Variant<Reduce::kAtomic>::supports, Variant<Reduce::kAtomic>::workspace,
-    Variant<Reduce::kAtomic>::run};
+    Form<Reduce::kAtomic>::supports, Form<Reduce::kAtomic>::workspace,
+    Form<Reduce::kAtomic>::run, kGemmOptions, Form<Reduce::kAtomic>::resolve};
 
 }  // namespace jaxdnn::conv

@@ -113,12 +113,13 @@ int64_t workspace_bytes(const Args& a) {
 }
 
 // The wgmma kernel reads its mn-major B (w in fwd, dy in bwd_filter: Kg columns per group)
-// through TMA boxes, unless JAXDNN_CONV_NO_TMA=1 (benchmarks compare the two), whenever no box
-// can reach into the next group's columns: one group, or whole tiles per group.
+// through TMA boxes (unless the variant pins gather_b) whenever no box can reach into the next
+// group's columns: one group, or whole tiles per group (several groups never take 128x256).
 bool tma_b(const Args& a) {
-  static const bool off = env_switch("JAXDNN_CONV_NO_TMA") == '1';
-  const int64_t kg = a.p.Kg();
-  return !off && (a.p.G == 1 || kg % tile_n(kg) == 0);
+  if (a.variant.tma_b == Pin::kOff) return false;
+  const Shape s = shape_of(a);
+  return a.p.G == 1 ||
+         a.p.Kg() % tile_cols(tile_kind(a, s.N, a.dir != Direction::kBwdFilter, false)) == 0;
 }
 
 // Launches the GEMM with A loader AL and B = the row-major matrix `bm` (mn-major), through TMA
@@ -154,8 +155,8 @@ Status launch_mn_b(const Args& a, const typename AL::Params& ap,
 // (tma_b; bwd_data: one group, as TmaKRows), a 2-D (or 1-D) filter, no lhs dilation, channels
 // per group (Kg in bwd_data) a multiple of the slice (64 16-bit, 32 TF32); fwd and bwd_filter
 // with strides up to 8, bwd_data stride 1; window corners and filter offsets within the
-// im2col mode's ranges for a 4-D tensor ([-128, 127] and [0, 255]).
-// JAXDNN_CONV_NO_IM2COL_TMA=1 keeps the table (benchmarks compare the two).
+// im2col mode's ranges for a 4-D tensor ([-128, 127] and [0, 255]); unless the variant pins
+// the table.
 struct Im2colView {
   int lower[2], out[2], stride[2], size[2];
   int64_t channels, rows;  // of the gathered tensor (x or dy); pixels per image
@@ -178,11 +179,10 @@ Im2colView im2col_view(const Args& a) {
 }
 
 bool im2col_tma_applies(const Args& a) {
-  static const bool off = env_switch("JAXDNN_CONV_NO_IM2COL_TMA") == '1';
   const Problem& p = a.p;
   // (bwd_filter reads x^T mn-major, which wgmma takes in 16 bits only.)
-  if (off || (a.in == DType::kF32 && (!a.tf32 || a.dir == Direction::kBwdFilter)) ||
-      !use_wgmma() || !tma_b(a))
+  if (a.variant.im2col == Pin::kOff || !wgmma_runs(a, a.dir != Direction::kBwdFilter) ||
+      !tma_b(a))
     return false;
   // (A tensor map cannot have an empty dimension: empty problems keep the table path, which
   // launches nothing.)
@@ -206,7 +206,7 @@ bool im2col_tma_applies(const Args& a) {
 // wide_plan for an im2col GEMM. bwd_filter splits its own way (filter_split), and the strided
 // classes' GEMMs store their rows straight into dx, which a split store cannot do.
 WidePlan wide_plan_of(const Args& a) {
-  return wide_plan(shape_of(a), k_slices(a),
+  return wide_plan(a, shape_of(a), k_slices(a),
                    a.dir != Direction::kBwdFilter && !a.rows.mapped());
 }
 
@@ -284,7 +284,7 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
           !st.ok())
         return st;
     }
-    return with_tile<kMode, true>(s.N, dir != Direction::kBwdFilter, [&](auto tile) -> Status {
+    return with_tile<kMode, true>(a, s.N, dir != Direction::kBwdFilter, [&](auto tile) -> Status {
       using C = decltype(tile);
       if constexpr (!C::kWgmma) {
         return Status::Error("conv implicit_precomp_gemm: im2col TMA runs on wgmma only");
@@ -364,7 +364,7 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
       return st;
   }
   // fwd (with w^T when TF32) and bwd_data read both operands k-major; bwd_filter reads x^T.
-  return with_tile<kMode>(s.N, dir != Direction::kBwdFilter, [&](auto tile) -> Status {
+  return with_tile<kMode>(a, s.N, dir != Direction::kBwdFilter, [&](auto tile) -> Status {
     using C = decltype(tile);
     using Rows = TableRows<T, C::BM, C::kThreads>;
     switch (dir) {
@@ -463,11 +463,27 @@ Status scatter_classes(const void* results, void* dx, const Problem& p, const Cl
 }
 
 // Whether the classes' GEMMs store into dx themselves: they run on wgmma (Hopper, 16-bit or
-// TF32), whose epilogue takes mapped rows; JAXDNN_CONV_NO_CLASS_ROWS=1 keeps the scatter
-// (benchmarks compare the two).
+// TF32; bwd_data's operands are k-major), whose epilogue takes mapped rows; unless the variant
+// pins the scatter.
 bool class_rows_direct(const Args& a) {
-  static const bool off = env_switch("JAXDNN_CONV_NO_CLASS_ROWS") == '1';
-  return !off && use_wgmma() && (a.in != DType::kF32 || a.tf32);
+  return a.variant.class_rows != Pin::kOff && wgmma_runs(a, /*k_major=*/true);
+}
+
+// The GEMM call of class `ci` (`c`): its forward problem, storing its rows straight into dx
+// when `direct`.
+Args class_run_args(const Args& a, int64_t ci, const StridedClass& c, bool direct) {
+  Args q = class_args(a, c);
+  if (direct) {
+    int64_t r[3];
+    class_residues(a.p, ci, r);
+    for (int ax = 0; ax < 3; ++ax) {
+      q.rows.size[ax] = int32_t(c.axis[ax].size);
+      q.rows.stride[ax] = int32_t(a.p.stride[ax]);
+      q.rows.residue[ax] = int32_t(r[ax]);
+      q.rows.dx[ax] = int32_t(a.p.in[ax]);
+    }
+  }
+  return q;
 }
 
 // W, E: unsigned types of the input's and of the result's width.
@@ -511,22 +527,11 @@ Status run_classes_typed(const Args& a, const Buffers& b, void* ws, cudaStream_t
     for (int ax = 0; ax < 3; ++ax) map.sizes[ci][ax] = c.axis[ax].size;
     map.base[ci] = -1;
     if (c.empty()) continue;
-    Args q = class_args(a, c);
+    const Args q = class_run_args(a, ci, c, direct);
     Buffers bq;
     bq.x = b.y;
     bq.w = filters + f.start[ci] * eb;
-    bq.result = results + y_at * ob;
-    if (direct) {
-      int64_t r[3];
-      class_residues(p, ci, r);
-      for (int ax = 0; ax < 3; ++ax) {
-        q.rows.size[ax] = int32_t(c.axis[ax].size);
-        q.rows.stride[ax] = int32_t(p.stride[ax]);
-        q.rows.residue[ax] = int32_t(r[ax]);
-        q.rows.dx[ax] = int32_t(p.in[ax]);
-      }
-      bq.result = b.result;
-    }
+    bq.result = direct ? b.result : results + y_at * ob;
     if (Status st = run(q, bq, sub_ws, stream); !st.ok()) return st;
     map.base[ci] = y_at;
     y_at += q.p.y_elems();
@@ -545,10 +550,39 @@ Status run(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) {
   return with_mode(a, [&](auto mode) { return run_mode<decltype(mode)::kMode>(a, b, ws, stream); });
 }
 
+// The options of the variant that runs `a` (variant.h): for the strided classes their store and
+// the first non-empty class's GEMM (all share N = C and the mode), else the GEMM's core, its A
+// loader (TMA im2col or the table), its B loader where run_mode chooses one, and its tile.
+std::string resolve(const Args& a) {
+  if (by_classes(a)) {
+    const bool direct = class_rows_direct(a);
+    const std::string store = direct ? ".class_rows" : ".scatter";
+    for (int64_t ci = 0; ci < strided_class_count(a.p); ++ci) {
+      const StridedClass c = strided_class(a.p, ci);
+      if (!c.empty()) return store + resolve(class_run_args(a, ci, c, direct));
+    }
+    return store;
+  }
+  const int64_t n = shape_of(a).N;
+  const bool k_major = a.dir != Direction::kBwdFilter;
+  if (im2col_tma_applies(a))
+    return tile_options(tile_kind(a, n, k_major, a.p.G == 1 && wide_plan_of(a).wide),
+                        ".im2col_tma.tma_b");
+  const TileKind t = tile_kind(a, n, k_major, false);
+  if (!is_wgmma(t)) return tile_options(t);
+  const bool b_choice = a.dir == Direction::kBwdData
+                            ? a.p.G == 1 && a.p.Kg() % slice_elems(a) == 0
+                            : elem_bytes(a.in) == 2;
+  return tile_options(t, b_choice ? (tma_b(a) ? ".table.tma_b" : ".table.gather_b") : ".table");
+}
+
 }  // namespace
 
-const CudaAlgorithm kCudaImplicitPrecompGemm = {"implicit_precomp_gemm", /*deterministic=*/true,
-                                                /*tensor_cores=*/true, supports,
-                                                workspace_bytes, run};
+const CudaAlgorithm kCudaImplicitPrecompGemm = {
+    "implicit_precomp_gemm", /*deterministic=*/true, /*tensor_cores=*/true, supports,
+    workspace_bytes, run,
+    "wgmma mma_sync im2col_tma table tma_b gather_b 128x64 128x128 128x256 ws no_ws class_rows "
+    "scatter",
+    resolve};
 
 }  // namespace jaxdnn::conv

@@ -1,5 +1,3 @@
-#include "cc/common/registry.h"
-
 #include "cc/conv/cuda_algorithms.h"
 
 namespace jaxdnn::conv {
@@ -20,10 +18,6 @@ const std::vector<const CudaAlgorithm*>& cuda_algorithms() {
       &kCudaDepthwise3x3,
   };
   return kAll;
-}
-
-const CudaAlgorithm* find_cuda_algorithm(const char* name) {
-  return find_by_name(cuda_algorithms(), name);
 }
 
 }  // namespace jaxdnn::conv

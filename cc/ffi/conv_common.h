@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cc/conv/conv.h"
+#include "cc/conv/variant.h"
 #include "cc/ffi/common.h"
 
 namespace jaxdnn::ffi_util {
@@ -87,19 +88,19 @@ inline conv::Buffers conv_buffers(conv::Direction dir, const ffi::AnyBuffer& a,
   return bufs;
 }
 
-// The common prologue of a conv handler: decode the call, find the named algorithm in a
-// registry (`find` maps a name to an algorithm pointer or nullptr) and check that it supports
-// the problem. On success *args and *alg are set.
-template <typename Algo, typename Find>
+// The common prologue of a conv handler: decode the call, find the named algorithm and its
+// variant (cc/conv/variant.h) in registry `all` and check that it supports the problem. On
+// success *args (with the variant) and *alg are set.
+template <typename Algo>
 ffi::Error prepare_conv_call(conv::Direction dir, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
                              const ffi::AnyBuffer& result, const ConvAttrs& attrs,
-                             std::string_view algo, Find find, conv::Args* args,
-                             const Algo** alg) {
+                             std::string_view algo, const std::vector<const Algo*>& all,
+                             conv::Args* args, const Algo** alg) {
   const std::string where = std::string("jaxdnn conv ") + conv::direction_name(dir);
   std::string err = make_args(dir, a, b, result, attrs, args);
   if (!err.empty()) return invalid(where + ": " + err);
-  *alg = find(std::string(algo).c_str());
-  if (*alg == nullptr) return invalid(where + ": unknown algorithm '" + std::string(algo) + "'");
+  *alg = conv::find_algorithm(all, algo, &args->variant, &err);
+  if (*alg == nullptr) return invalid(where + ": " + err);
   Support sup = conv::algorithm_supports(**alg, *args);
   if (!sup.ok) return invalid(where + " " + std::string(algo) + ": " + sup.reason);
   return ffi::Error::Success();

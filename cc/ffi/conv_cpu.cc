@@ -20,7 +20,7 @@ ffi::Error ConvCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const conv::CpuAlgorithm* alg = nullptr;
   ffi::Error e = prepare_conv_call(
       kDir, a, b, *result, {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups, tf32}, algo,
-      conv::find_cpu_algorithm, &args, &alg);
+      conv::cpu_algorithms(), &args, &alg);
   if (e.failure() || result->element_count() == 0) return e;
   poison_host(*result);
   return to_error(alg->run(args, conv_buffers(kDir, a, b, *result), FfiParallel(pool)));

@@ -22,7 +22,7 @@ ffi::Error ConvCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const conv::CudaAlgorithm* alg = nullptr;
   ffi::Error e = prepare_conv_call(
       kDir, a, b, *result, {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups, tf32}, algo,
-      conv::find_cuda_algorithm, &args, &alg);
+      conv::cuda_algorithms(), &args, &alg);
   if (e.failure() || result->element_count() == 0) return e;
   const int64_t need = alg->workspace_bytes(args);
   if (int64_t(workspace->size_bytes()) < need)

@@ -32,24 +32,36 @@ inline conv::Args decode_conv_args(int direction, const std::vector<int64_t>& pr
   return args;
 }
 
-// One dict per registered algorithm: name, supported, reason, workspace_bytes, deterministic,
-// tensor_cores. `workspace(algo, args)` returns the algorithm's workspace for the problem and
-// `tensor_cores(algo)` whether it uses tensor cores.
+// One dict per algorithm name (cc/conv/variant.h): name (concrete where supported), base,
+// default (the variant its algorithm runs unpinned), supported, reason, workspace_bytes,
+// deterministic, tensor_cores. `names` lists the names to describe; empty, every algorithm of
+// `all`, with every variant that can run when `variants`. `workspace(algo, args)` returns an
+// algorithm's workspace for the problem and `tensor_cores(algo)` whether it uses tensor cores.
 template <typename Algo, typename Workspace, typename TensorCores>
 nanobind::list describe_conv_algorithms(const std::vector<const Algo*>& all, const conv::Args& args,
+                                        const std::vector<std::string>& names, bool variants,
                                         Workspace workspace, TensorCores tensor_cores) {
+  std::vector<conv::Listed<Algo>> listed;
+  const Status valid = conv::validate(args.p);
+  if (!names.empty()) {
+    for (const std::string& name : names) listed.push_back(conv::describe_name(all, args, name));
+  } else if (valid.ok()) {
+    listed = conv::list_algorithms(all, args, variants);
+  } else {
+    for (const Algo* a : all) listed.push_back({a, a->name, args, Support::No(""), true});
+  }
   nanobind::list out;
-  Status valid = conv::validate(args.p);
-  for (const Algo* a : all) {
-    Support s = valid.ok() ? conv::algorithm_supports(*a, args)
-                           : Support::No(valid.message);
+  for (const conv::Listed<Algo>& l : listed) {
+    const Support s = valid.ok() ? l.support : Support::No(valid.message);
     nanobind::dict d;
-    d["name"] = a->name;
+    d["name"] = l.name;
+    d["base"] = l.alg != nullptr ? l.alg->name : "";
+    d["default"] = l.is_default;
     d["supported"] = s.ok;
     d["reason"] = s.reason;
-    d["workspace_bytes"] = s.ok ? workspace(a, args) : int64_t(0);
-    d["deterministic"] = a->deterministic;
-    d["tensor_cores"] = tensor_cores(a);
+    d["workspace_bytes"] = s.ok ? workspace(l.alg, l.args) : int64_t(0);
+    d["deterministic"] = l.alg != nullptr && l.alg->deterministic;
+    d["tensor_cores"] = l.alg != nullptr && tensor_cores(l.alg);
     out.append(d);
   }
   return out;

@@ -61,15 +61,16 @@ NB_MODULE(_cpu, m) {
   m.def(
       "conv_algorithms",
       [](int direction, std::vector<int64_t> problem, std::string in_dtype, std::string out_dtype,
-         int num_threads) {
+         int num_threads, std::vector<std::string> names, bool variants) {
         conv::Args args = ffi_util::decode_conv_args(direction, problem, in_dtype, out_dtype);
         return ffi_util::describe_conv_algorithms(
-            conv::cpu_algorithms(), args,
+            conv::cpu_algorithms(), args, names, variants,
             [&](const conv::CpuAlgorithm* a, const conv::Args& x) {
               return a->workspace_bytes(x, num_threads);
             },
             [](const conv::CpuAlgorithm*) { return false; });
       },
       nb::arg("direction"), nb::arg("problem"), nb::arg("in_dtype"), nb::arg("out_dtype"),
-      nb::arg("num_threads"));
+      nb::arg("num_threads"), nb::arg("names") = std::vector<std::string>(),
+      nb::arg("variants") = false);
 }

@@ -21,22 +21,25 @@ NB_MODULE(_cuda, m) {
   m.def(
       "conv_algorithms",
       [](int direction, std::vector<int64_t> problem, std::string in_dtype, std::string out_dtype,
-         int /*num_threads*/) {
+         int /*num_threads*/, std::vector<std::string> names, bool variants) {
         conv::Args args = ffi_util::decode_conv_args(direction, problem, in_dtype, out_dtype);
         return ffi_util::describe_conv_algorithms(
-            conv::cuda_algorithms(), args,
+            conv::cuda_algorithms(), args, names, variants,
             [](const conv::CudaAlgorithm* a, const conv::Args& x) { return a->workspace_bytes(x); },
             [](const conv::CudaAlgorithm* a) { return a->tensor_cores; });
       },
       nb::arg("direction"), nb::arg("problem"), nb::arg("in_dtype"), nb::arg("out_dtype"),
-      nb::arg("num_threads"));
+      nb::arg("num_threads"), nb::arg("names") = std::vector<std::string>(),
+      nb::arg("variants") = false);
   m.def(
       "time_conv_algorithm",
       [](int direction, std::vector<int64_t> problem, std::string in_dtype, std::string out_dtype,
          std::string name, int repeats) {
         conv::Args args = ffi_util::decode_conv_args(direction, problem, in_dtype, out_dtype);
-        const conv::CudaAlgorithm* alg = conv::find_cuda_algorithm(name.c_str());
-        if (alg == nullptr) throw std::invalid_argument("unknown CUDA conv algorithm " + name);
+        std::string error;
+        const conv::CudaAlgorithm* alg =
+            conv::find_algorithm(conv::cuda_algorithms(), name, &args.variant, &error);
+        if (alg == nullptr) throw std::invalid_argument(error);
         Support sup = conv::algorithm_supports(*alg, args);
         if (!sup.ok) throw std::invalid_argument(name + ": " + sup.reason);
         std::vector<float> ms;
