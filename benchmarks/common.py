@@ -1,4 +1,4 @@
-"""Benchmark harness shared by every bench_*.py (method: ../shared/DESIGN.md section 6).
+"""Benchmark harness shared by every bench_*.py (method: docs/perf/method.md).
 
 * Each measurement jits ONE function that applies the op to `rotate` distinct input sets, so
   dispatch is amortised and the inputs do not all sit in the L2 cache.
@@ -63,7 +63,7 @@ def keep_freed_host_memory() -> None:
     page fault when the kernel first writes it (~1 us on a VM). Whether glibc returns them
     depends on the process's heap layout: on a 2-core VM, a batch norm forward of 6.4 MB took
     400-1400 faults per op on either side, by process, and its time moved by 2x with them
-    (benchmarks/NOTES.md, session 24). No effect where the C library is not glibc."""
+    (docs/perf/method.md). No effect where the C library is not glibc."""
     import ctypes
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -109,7 +109,7 @@ def time_op(fn: Callable, inputs: Sequence[tuple], *, repeats: int = 20, warmup:
     only synchronised at its end, so host dispatch overlaps device work as in a training loop.
     A batch has repeats // batches calls, or more where that lasts under MIN_BATCH_S: with four
     calls of a 50 us op, the batch's fixed ~0.1 ms of dispatch and synchronisation was 10-20% of
-    it (H200, session 12: group norm NCHW bfloat16 forward read 0.78x XLA so, 1.04x with the
+    it (H200, 2026-11-30: group norm NCHW bfloat16 forward read 0.78x XLA so, 1.04x with the
     floor; a profiler trace of both kernels agrees with the latter)."""
     return _measure(_jit_many(fn), inputs, repeats, warmup, batches)[0]
 

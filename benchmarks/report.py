@@ -5,11 +5,12 @@
     python benchmarks/report.py --print  # prints the block only
 
 For each (benchmark, device) it reads the latest JSON in benchmarks/results/ (by the date in its
-environment) and renders one compact table from that JSON alone: geomean ratios and the lowest
-row per direction (and dtype), with the device, date and jax version in the heading. Tables
-measured before the current methodology (no `method` in their environment, see
-benchmarks/common.py METHOD) say so in their heading, with what differed; a table rebuilt from
-logs (`rebuilt_from` in its environment) says that too. Standard library only: no jax needed.
+environment) and renders one compact table per family from those JSONs alone: a row per
+(device, direction), a column per dtype with the geomean ratio and the lowest row, and above the
+table one line per source naming its device, date, jax version and file. Sources measured before
+the current methodology (no `method` in their environment, see benchmarks/common.py METHOD) say
+so, with what differed; a table rebuilt from logs (`rebuilt_from` in its environment) says that
+too. Standard library only: no jax needed.
 """
 
 from __future__ import annotations
@@ -87,15 +88,17 @@ def _geomean(values) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
-def heading(name: str, data: dict, path: str) -> str:
-    env = data["environment"]
-    title = FAMILIES.get(family(name), (name, ""))[0]
-    if name != family(name):
-        title += f" ({name})"
+def device_label(name: str, env: dict) -> str:
     where = env["device"]
     if env["platform"] == "cpu":
         where = f"{env.get('host_cpu') or 'CPU'}, {env['cpu_count']} cores"
-    text = f"**{title}** — {where}, {env['date']}, jax {env['jax']}"
+    return where + (f" ({name})" if name != family(name) else "")
+
+
+def source(name: str, data: dict, path: str) -> str:
+    """One line naming a table's device, date, jax version and method, and its file."""
+    env = data["environment"]
+    text = f"- {device_label(name, env)}: {env['date']}, jax {env['jax']}"
     if "method" in env:
         text += f", method {env['method']}"
     else:
@@ -112,41 +115,37 @@ def table(columns: list[str], rows: list[list[str]]) -> list[str]:
             + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def conv_gpu_table(rows: list[dict]) -> list[str]:
-    """Per (dtype, direction): geomean and lowest over the ResNet-50 layers; depthwise layers."""
-    measured = [r for r in rows if not r["layer"].startswith("geomean")]
+def cell(ratios: list[float], low: str, extra: str = "") -> str:
+    """geomean, then the lowest row: '1.21x (lowest 1.04x rms_norm)'."""
+    return f"{_ratio(_geomean(ratios))} (lowest {low}{extra})"
+
+
+def by_dtype(sel: list[dict], ratio, label, dtypes, extra=lambda rows: "") -> list[str]:
     out = []
-    for dtype in dict.fromkeys(r["dtype"] for r in measured):
-        for d in dict.fromkeys(r["dir"] for r in measured):
-            sel = [r for r in measured if r["dtype"] == dtype and r["dir"] == d]
-            resnet = [r for r in sel if not r["layer"].startswith(("dw", "x_"))]
-            if not resnet:
-                continue
-            low = min(resnet, key=lambda r: r["ratio"])
-            dw = [f"{r['layer']} {_ratio(r['ratio'])}" for r in sel if r["layer"].startswith("dw")]
-            out.append([dtype, d, _ratio(_geomean([r["ratio"] for r in resnet])),
-                        f"{_ratio(low['ratio'])} {low['layer']}", ", ".join(dw)])
-    return table(["dtype", "direction", "geomean (ResNet-50)", "lowest layer", "depthwise"], out)
+    for dtype in dtypes:
+        rows = [r for r in sel if r.get("dtype", "float32") == dtype]
+        low = min(rows, key=ratio) if rows else None
+        out.append(cell([ratio(r) for r in rows], f"{_ratio(ratio(low))} {label(low)}",
+                        extra(rows)) if rows else "")
+    return out
 
 
-def conv_cpu_table(rows: list[dict]) -> list[str]:
-    measured = [r for r in rows if r["layer"] != "geomean"]
-    out = []
-    for d in dict.fromkeys(r["dir"] for r in measured):
-        sel = [r for r in measured if r["dir"] == d]
-        low = min(sel, key=lambda r: r["ratio"])
-        threads = ("" if "jaxdnn threads" not in sel[0] else
-                   f"{_geomean([r['jaxdnn threads'] for r in sel]):.2f} / "
-                   f"{_geomean([r['XLA threads'] for r in sel]):.2f}")
-        out.append([d, _ratio(_geomean([r["ratio"] for r in sel])),
-                    f"{_ratio(low['ratio'])} {low['layer']}",
-                    _ratio(_geomean([r["cpu ratio"] for r in sel])), threads])
-    return table(["direction", "geomean (wall)", "lowest layer (wall)", "geomean (CPU time)",
-                  "threads jaxdnn / XLA"], out)
+def conv_rows(name: str, data: dict, dtypes: list[str]) -> list[list[str]]:
+    """Per direction: geomean and lowest over the ResNet-50 layers (not depthwise or 7x7); on
+    the CPU also the geomean of the CPU-time ratios."""
+    rows = [r for r in data["rows"] if not r["layer"].startswith(("geomean", "dw", "x_"))]
+    cpu = data["environment"]["platform"] == "cpu"
+    extra = ((lambda sel: f"; CPU time {_ratio(_geomean([r['cpu ratio'] for r in sel]))}")
+             if cpu else (lambda sel: ""))
+    return [[device_label(name, data["environment"]), d]
+            + by_dtype([r for r in rows if r["dir"] == d], lambda r: r["ratio"],
+                       lambda r: r["layer"], dtypes, extra)
+            for d in dict.fromkeys(r["dir"] for r in rows)]
 
 
-def memory_table(name: str, rows: list[dict], old: bool) -> list[str]:
-    """Per (direction, dtype): rows, geomean ratio and the lowest row."""
+def memory_rows(name: str, data: dict, dtypes: list[str]) -> list[list[str]]:
+    """Per direction: geomean and lowest row per dtype."""
+    rows, old = data["rows"], "method" not in data["environment"]
     relabel = OLD_DIRECTIONS.get(family(name), {}) if old else {}
     shapes = len({r["shape"] for r in rows}) > 1
 
@@ -156,17 +155,12 @@ def memory_table(name: str, rows: list[dict], old: bool) -> list[str]:
 
     def ratio(r):
         return r["ratio"] if "ratio" in r else r["speedup"]
-    out = []
-    for d in dict.fromkeys(r.get("direction", r.get("dir")) for r in rows):
-        for dtype in dict.fromkeys(r["dtype"] for r in rows):
-            sel = [r for r in rows if r.get("direction", r.get("dir")) == d and r["dtype"] == dtype]
-            if not sel:
-                continue
-            low = min(sel, key=ratio)
-            out.append([relabel.get(d, d), dtype, str(len(sel)),
-                        _ratio(_geomean([ratio(r) for r in sel])),
-                        f"{_ratio(ratio(low))} {label(low)}"])
-    return table(["direction", "dtype", "rows", "geomean", "lowest row"], out)
+
+    def direction(r):
+        return r.get("direction", r.get("dir"))
+    return [[device_label(name, data["environment"]), relabel.get(d, d)]
+            + by_dtype([r for r in rows if direction(r) == d], ratio, label, dtypes)
+            for d in dict.fromkeys(map(direction, rows))]
 
 
 def bandwidth_table(rows: list[dict]) -> list[str]:
@@ -177,21 +171,27 @@ def bandwidth_table(rows: list[dict]) -> list[str]:
 
 
 def render(results_dir: str = RESULTS) -> str:
-    """The generated block, markers included."""
+    """The generated block, markers included: one table per family, GPU and CPU rows together,
+    a column per dtype (geomean ratio and the lowest row)."""
     lines = [BEGIN, "<!-- Generated by `python benchmarks/report.py` from the latest "
              "benchmarks/results/*.json per benchmark and device; do not edit by hand. -->", ""]
-    for name, data, path in latest_results(results_dir):
-        rows, old = data["rows"], "method" not in data["environment"]
-        fam = family(name)
-        if fam == "conv_gpu":
-            body = conv_gpu_table(rows)
-        elif fam == "conv_cpu":
-            body = conv_cpu_table(rows)
-        elif fam == "bandwidth":
-            body = bandwidth_table(rows)
-        else:
-            body = memory_table(name, rows, old)
-        lines += [heading(name, data, path), ""] + body + [""]
+    groups: dict[str, list[tuple[str, dict, str]]] = {}
+    for item in latest_results(results_dir):
+        fam = family(item[0])
+        groups.setdefault("conv" if fam.startswith("conv") else fam, []).append(item)
+    titles = {"conv": "Convolution, ResNet-50 layers (GPU: N=64 NHWC; CPU: N=8, im2col_gemm)"}
+    for fam, items in groups.items():
+        title = titles.get(fam) or FAMILIES.get(fam, (fam, ""))[0]
+        lines += [f"**{title}**", ""] + [source(*item) for item in items] + [""]
+        if fam == "bandwidth":
+            lines += bandwidth_table(items[0][1]["rows"]) + [""]
+            continue
+        dtypes = list(dict.fromkeys(r.get("dtype", "float32") for _, data, _ in items
+                                    for r in data["rows"]))
+        body = []
+        for name, data, _ in items:
+            body += (conv_rows if fam == "conv" else memory_rows)(name, data, dtypes)
+        lines += table(["device", "direction"] + dtypes, body) + [""]
     return "\n".join(lines + [END])
 
 

@@ -1,5 +1,5 @@
 """The gathers' geometry (cc/conv/gather_geo.h), which every CUDA GEMM conv kernel and its
-table, im2col and col2im kernels use: its host program (dev/check_gather_geo.cc) checks the
+table, im2col and col2im kernels use: its host program (tests/native/check_gather_geo.cc) checks the
 pixel each GEMM row reads through each tap, one tap at a time and walking all taps, against
 conv.h's in_idx / out_idx on random strided, padded and dilated problems, without a GPU."""
 

@@ -18,7 +18,7 @@ def test_readme_tables_are_current():
 
 
 def test_old_method_tables_say_so(tmp_path):
-    """A result without `method` in its environment renders with an old-method heading; one
+    """A result without `method` in its environment renders with an old-method source line; one
     with it does not."""
     rows = [{"op": "relu", "dtype": "float32", "direction": "fwd", "shape": "8x8", "ratio": 1.5}]
     for name, env in (("activation", {}), ("softmax", {"method": 2})):
@@ -29,4 +29,4 @@ def test_old_method_tables_say_so(tmp_path):
                            capture_output=True, text=True, check=True).stdout
     softmax, activation = block.split("**Activations")
     assert "old method" in activation and "old method" not in softmax
-    assert "| fwd | float32 | 1 | 1.5x | 1.5x relu |" in block
+    assert "| CPU, 2 cores | fwd | 1.5x (lowest 1.5x relu) |" in block

@@ -1,5 +1,5 @@
 """The residue-class decomposition of strided bwd_data (cc/conv/strided_classes.h), which the
-CUDA implicit_precomp_gemm runs: its host program (dev/check_strided_classes.cc) checks the
+CUDA implicit_precomp_gemm runs: its host program (tests/native/check_strided_classes.cc) checks the
 sub-problems, sub-filters and the dx scatter against a naive bwd_data on 400 random problems,
 without a GPU."""
 

@@ -218,11 +218,11 @@ needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compi
 
 
 def run_host_check(source: str, tmp_path) -> str:
-    """Builds the host program dev/<source> (a check of device-code logic that runs on the
-    CPU), runs it, asserts that it succeeded and returns what it printed."""
+    """Builds the host program tests/native/<source> (a check of device-code logic that runs on
+    the CPU), runs it, asserts that it succeeded and returns what it printed."""
     exe = tmp_path / pathlib.Path(source).stem
-    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ROOT}", str(ROOT / "dev" / source), "-o",
-                    str(exe)], check=True)
+    src = ROOT / "tests" / "native" / source
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ROOT}", str(src), "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout

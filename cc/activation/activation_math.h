@@ -51,7 +51,7 @@ JAXDNN_ACT_FN float exp_neg_product(float a, float b) {
 // minimax) on a in [0, 10.06]; erfc(-a) = 2 - erfc(a). No separate erf branch: the one
 // polynomial covers a = 0 (g = 1) to the float underflow of erfc near a = 10. Straight-line
 // code: it vectorises on the CPU, and on the GPU it took gelu_exact off the CUDA library's erfcf
-// (benchmarks/NOTES.md, session 25).
+// (docs/perf/activation.md).
 //   float results (scale 2): degree 9 (max fit error 0.6 ulp; erfc 6.1 ulp after float rounding
 //     and evaluation with an exact exp and division), e from x with the rounding of x^2/2
 //     compensated, and e = 0 where a > 10.1 (erfc(10.1) < 2^-149), so that gelu(-inf) and its
@@ -60,8 +60,8 @@ JAXDNN_ACT_FN float exp_neg_product(float a, float b) {
 //     (max fit error 4.2e-7; 6.8e-7 evaluated in float), on s = |x| sqrt(log2(e)/2): e =
 //     2^-(s^2) is one MUFU.EX2 (M::exp2_ftz; below 2^-126 it is 0, which leaves the results
 //     that are 16-bit subnormals, under 2^-126, at 0), and t = 1/(1 + 0.41627731 s). At +-inf
-//     e = 0 and t = 0 without the clamp: ~19 instructions an element (PTX; 31 before, session
-//     26).
+//     e = 0 and t = 0 without the clamp: ~19 instructions an element (PTX; the erfc form it
+//     replaced took 31).
 template <typename M>
 JAXDNN_ACT_FN Normal<float> normal_fitted(float x) {
   float t, e, g, scale;

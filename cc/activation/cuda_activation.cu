@@ -14,7 +14,7 @@
 // (double for float64): at 3.6 TB/s a bfloat16 element has about 37 instruction slots (4 warp
 // instructions per clock and SM at 1.98 GHz). The CUDA library's expm1f, log1pf and erfcf
 // took 58-82 (PTX), so 16-bit storage takes MUFU forms of them (CudaMath<true>), and gelu_exact
-// a normal-CDF form of ~19 (activation_math.h; benchmarks/NOTES.md, sessions 25 and 26).
+// a normal-CDF form of ~19 (activation_math.h; docs/perf/activation.md).
 
 #include "cc/activation/activation_math.h"
 #include "cc/activation/cuda_activation.h"
@@ -108,7 +108,7 @@ constexpr int kThreads = 256;
 // sigmoid's (32 registers, 8 blocks); at 8 blocks it went from 211 to 194 us. Every kernel
 // states the bound: without a minimum nvcc gave most of them 32 registers, but with a minimum of
 // 1 it gave them 35-64 (gelu_exact float32 forward: 44 registers, 306 -> 358 us). gelu_exact's
-// 16-bit forward needed 6 blocks (39 registers) until its normal-CDF form (session 26). The
+// 16-bit forward fits 8 blocks (32 registers) in its normal-CDF form. The
 // float64 kernels of the longer formulas spill a few words at 8 (not benchmarked).
 constexpr int kMinBlocks = 8;
 

@@ -10,7 +10,7 @@
 // its row reductions. The previous persistent form (one wave of blocks, each group loading its
 // next row before reducing the current one) measured 3-8% slower on the H200 at 32768x4096
 // (layer_norm float32 forward 3.39 -> 3.64 TB/s, rms_norm 3.22 -> 3.50 with the flat grid,
-// benchmarks/NOTES.md): the scheduler's fresh blocks keep more loads in flight than one wave's
+// docs/perf/gpu-memory.md): the scheduler's fresh blocks keep more loads in flight than one wave's
 // prefetch did. Slices stay in the storage type (a 16-byte pack is 4 registers whatever the
 // dtype: 16-bit rows are not widened to float) and are converted on use, in each pass.
 #pragma once

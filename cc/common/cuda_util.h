@@ -81,7 +81,7 @@ inline Status check(cudaError_t e, const char* what) {
 // back plain launches start 0.3-0.9 us after the previous kernel ends, XLA's fusions 0.1-0.3 us
 // before. There is no early trigger (griddepcontrol.launch_dependents at a kernel's start): the
 // dependent grid's blocks then sat resident and waiting through the whole of a one-wave kernel,
-// and batch_norm NCHW's two-call forward lost 5.7 us (docs/perf/norm.md).
+// and batch_norm NCHW's two-call forward lost 5.7 us (docs/perf/gpu-memory.md).
 __device__ __forceinline__ void await_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -130,7 +130,7 @@ inline int sm_count() {
 
 // Blocks for a grid-stride loop over n items: one per `threads` items (each thread then runs
 // the loop body once: the flat launch shape that streams fastest on the H200, 4.11 TB/s for a
-// float32 relu against 3.74-3.81 for grids capped at one to four waves, benchmarks/NOTES.md),
+// float32 relu against 3.74-3.81 for grids capped at one to four waves, docs/perf/gpu-memory.md),
 // never more than max_blocks.
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 0x7fffffff) {
   int64_t b = (n + threads - 1) / threads;

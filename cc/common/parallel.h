@@ -17,7 +17,7 @@ namespace jaxdnn {
 // thread left in it). Kernels take their task scratch from it rather than a heap block per
 // task, which the allocator hands back as fresh pages on XLA's intra-op threads: the CPU
 // batch_norm forward (98 blocks of 24 KB per call) went from 4.4x the page faults of XLA's own
-// path in the benchmark's loop to none per blocking call (XLA's: 24-39; session 23).
+// path in the benchmark's loop to none per blocking call (XLA's: 24-39; docs/perf/cpu.md).
 template <typename A>
 A* thread_scratch(int64_t n) {
   thread_local std::vector<A> buf;

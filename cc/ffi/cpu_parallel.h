@@ -35,7 +35,7 @@ class FfiParallel final : public Parallel {
   // a blocked caller's wake-up (futex) cost 5-25 us an op on the 2-core VM; yielding rather
   // than spinning with pause leaves the core to whichever thread XLA runs beside the caller.
   // relu float32 256x1024 49.8 -> 35.5 us, 1024x4096 1195 -> 905, gelu bfloat16 256x1024 151 ->
-  // 134, maxpool 3x3/2 bfloat16 forward 864 -> 830 (a pause spin: 955); NOTES.md, session 31.
+  // 134, maxpool 3x3/2 bfloat16 forward 864 -> 830 (a pause spin: 955); docs/perf/cpu.md.
   static constexpr std::chrono::microseconds kPoll{200};
 
   void for_each(int64_t n, const std::function<void(int64_t)>& fn) const override {

@@ -2,7 +2,7 @@
 // residue classes (sub-problems, sub-filters and the dx scatter exactly as the CUDA path uses
 // them, each class run through a naive stride-1 forward convolution) against a naive
 // bwd_data (the adjoint of the naive forward). Build and run:
-//   g++ -std=c++17 -O2 -I. dev/check_strided_classes.cc -o /tmp/csc && /tmp/csc
+//   g++ -std=c++17 -O2 -I. tests/native/check_strided_classes.cc -o /tmp/csc && /tmp/csc
 #include <cmath>
 #include <cstdio>
 #include <random>

@@ -2,7 +2,7 @@
 // 1 to 3 spatial axes), the pixel that every GEMM row gathers through every tap, from
 // gathered_pixel and from for_each_tap, against conv.h's in_idx / out_idx in 64-bit
 // arithmetic. Build and run:
-//   g++ -std=c++17 -O2 -I. dev/check_gather_geo.cc -o /tmp/cgg && /tmp/cgg
+//   g++ -std=c++17 -O2 -I. tests/native/check_gather_geo.cc -o /tmp/cgg && /tmp/cgg
 #include <cstdio>
 #include <random>
 
