@@ -20,10 +20,9 @@ using Handlers = ConvHandlers<CpuPlatform, conv::find_cpu_algorithm, run>;
 
 }  // namespace
 
-JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_fwd", Handlers::handler<conv::Direction::kFwd>());
-JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_bwd_data",
-                            Handlers::handler<conv::Direction::kBwdData>());
-JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_bwd_filter",
-                            Handlers::handler<conv::Direction::kBwdFilter>());
+using conv::Direction;
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_fwd", Handlers::handler<Direction::kFwd>());
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_bwd_data", Handlers::handler<Direction::kBwdData>());
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_bwd_filter", Handlers::handler<Direction::kBwdFilter>());
 
 }  // namespace jaxdnn::ffi_util

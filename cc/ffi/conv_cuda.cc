@@ -30,10 +30,9 @@ using Handlers = ConvHandlers<CudaPlatform, conv::find_cuda_algorithm, run>;
 
 }  // namespace
 
-JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_fwd", Handlers::handler<conv::Direction::kFwd>());
-JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_bwd_data",
-                             Handlers::handler<conv::Direction::kBwdData>());
-JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_bwd_filter",
-                             Handlers::handler<conv::Direction::kBwdFilter>());
+using conv::Direction;
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_fwd", Handlers::handler<Direction::kFwd>());
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_bwd_data", Handlers::handler<Direction::kBwdData>());
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_bwd_filter", Handlers::handler<Direction::kBwdFilter>());
 
 }  // namespace jaxdnn::ffi_util
