@@ -19,22 +19,22 @@ import argparse
 import jax.numpy as jnp
 import numpy as np
 
-from common import (CONV_DIRECTIONS, CONV_DIRECTIONS_NOTE, CONV_LAYERS, best_times_cpu,
-                    conv_direction_fn, conv_flops, conv_fns, default_trials, geomean, in_resnet,
-                    keep_freed_host_memory, layer_shapes, rotating_inputs, rotation_for,
-                    select_layers, timing_note, write_results)
+from common import (CONV_DIRECTIONS, CONV_DIRECTIONS_NOTE, best_times_cpu, conv_direction_fn,
+                    conv_flops, conv_fns, default_trials, geomean, keep_freed_host_memory,
+                    layer_shapes, resnet50_layers, rotating_inputs, rotation_for, select_layers,
+                    timing_note, write_results)
 
 ALGO = "im2col_gemm"
-RESNET50 = [lay for lay in CONV_LAYERS if in_resnet(lay[0])]
 
 
 def layer_label(layer):
-    _, hw, cin, cout, k, stride, _, _ = layer
-    return f"{hw}x{hw} {cin}->{cout} {k}x{k}/{stride}"
+    _, hw, _, cin = layer.x_shape
+    k, _, _, cout = layer.w_shape
+    return f"{hw}x{hw} {cin}->{cout} {k}x{k}/{layer.kw['window_strides'][0]}"
 
 
-def bench_layer(layer, batch, directions, repeats, trials):
-    shapes = layer_shapes(layer, batch)
+def bench_layer(layer, directions, repeats, trials):
+    shapes = layer_shapes(layer)
     rotate = rotation_for(4 * sum(int(np.prod(s)) for s in shapes), l2_bytes=32 << 20, cap=4)
     inputs = rotating_inputs(lambda normal: tuple(normal(s, jnp.float32) for s in shapes), rotate)
     ours, xla = conv_fns(layer, ALGO)
@@ -43,7 +43,7 @@ def bench_layer(layer, batch, directions, repeats, trials):
         (w_ours, c_ours), (w_xla, c_xla) = best_times_cpu(
             conv_direction_fn(ours, d), conv_direction_fn(xla, d), inputs, inputs, trials,
             repeats)
-        flops = conv_flops(layer, batch, d)
+        flops = conv_flops(layer, d)
         rows.append({
             "layer": layer_label(layer), "dir": d,
             "jaxdnn GFLOP/s": flops / w_ours / 1e9, "XLA GFLOP/s": flops / w_xla / 1e9,
@@ -73,8 +73,8 @@ def main():
     trials = default_trials(args.trials)
     directions = args.dirs.split(",")
     rows = []
-    for layer in select_layers(args.layers, RESNET50):
-        rows += bench_layer(layer, args.batch, directions, args.repeats, trials)
+    for layer in select_layers(args.layers, resnet50_layers(args.batch)):
+        rows += bench_layer(layer, directions, args.repeats, trials)
     summary = []
     for d in directions:
         sel = [r for r in rows if r["dir"] == d]

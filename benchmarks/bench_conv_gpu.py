@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxdnn
-from common import (CONV_DIRECTIONS, CONV_DIRECTIONS_NOTE, CONV_LAYERS, best_times,
-                    conv_direction_fn, conv_flops, conv_fns, default_trials, geomean, in_resnet,
+from common import (CONV_DIRECTIONS, CONV_DIRECTIONS_NOTE, best_times, conv_direction_fn,
+                    conv_flops, conv_fns, conv_layers, default_trials, geomean, in_resnet,
                     layer_shapes, rotating_inputs, select_layers, time_op, timing_note,
                     write_results)
 
@@ -51,33 +51,33 @@ def parse_dtype(dtype_name):
     return jnp.dtype(dtype), precision or None
 
 
-def heuristic_algos(layer, batch, dtype_name, platform):
+def heuristic_algos(layer, dtype_name, platform):
     """{direction: algorithm} that jaxdnn runs on `platform` for a layer: jaxdnn.explain of the
     jitted train step (every kernel direction) on shapes alone."""
     dtype, precision = parse_dtype(dtype_name)
-    args = [jax.ShapeDtypeStruct(s, dtype) for s in layer_shapes(layer, batch)]
+    args = [jax.ShapeDtypeStruct(s, dtype) for s in layer_shapes(layer)]
     step = jax.jit(conv_direction_fn(conv_fns(layer, None, precision)[0], "train"))
     return {e.direction: e.algo for e in jaxdnn.explain(step, *args, platform=platform)}
 
 
-def bench_layer(layer, batch, dtype_name, directions, repeats, trials, all_algos):
-    name = layer[0]
+def bench_layer(layer, dtype_name, directions, repeats, trials, all_algos):
+    name = layer.name
     dtype, precision = parse_dtype(dtype_name)
     inputs = rotating_inputs(
-        lambda normal: tuple(normal(s, dtype) for s in layer_shapes(layer, batch)), ROTATE)
-    algos = heuristic_algos(layer, batch, dtype_name, jax.default_backend())
+        lambda normal: tuple(normal(s, dtype) for s in layer_shapes(layer)), ROTATE)
+    algos = heuristic_algos(layer, dtype_name, jax.default_backend())
     algos["train"] = "/".join(algos[d] for d in KERNELS)
     ours, xla = conv_fns(layer, None, precision)
     rows = []
     for d in directions:
         t_ours, t_xla = best_times(conv_direction_fn(ours, d), conv_direction_fn(xla, d),
                                    inputs, inputs, trials, repeats)
-        flops = conv_flops(layer, batch, d)
+        flops = conv_flops(layer, d)
         row = {"layer": name, "dtype": dtype_name, "dir": d, "XLA TFLOP/s": flops / t_xla / 1e12,
                "jaxdnn TFLOP/s": flops / t_ours / 1e12, "ratio": t_xla / t_ours,
                "algo": algos[d]}
         if all_algos and d in KERNELS:
-            row["algos"] = time_algorithms(layer, batch, dtype_name, d, inputs, repeats)
+            row["algos"] = time_algorithms(layer, dtype_name, d, inputs, repeats)
             score(row, algos[d])
         rows.append(row)
         print(f"{name:16s} {dtype_name:15s} {d:10s} XLA {row['XLA TFLOP/s']:7.1f}  jaxdnn "
@@ -86,10 +86,10 @@ def bench_layer(layer, batch, dtype_name, directions, repeats, trials, all_algos
     return rows
 
 
-def time_algorithms(layer, batch, dtype_name, direction, inputs, repeats):
+def time_algorithms(layer, dtype_name, direction, inputs, repeats):
     """{algorithm: TFLOP/s} of every supported jaxdnn algorithm for one direction, each forced."""
     dtype, precision = parse_dtype(dtype_name)
-    args = [jax.ShapeDtypeStruct(s, dtype) for s in layer_shapes(layer, batch)]
+    args = [jax.ShapeDtypeStruct(s, dtype) for s in layer_shapes(layer)]
     fn = conv_direction_fn(conv_fns(layer, None, precision)[0], direction)
     (problem,) = [p for p in jaxdnn.conv_problems(fn, *args) if p.direction == direction]
     infos = [a for a in jaxdnn.conv_algorithms(problem) if a.supported]
@@ -101,10 +101,10 @@ def time_algorithms(layer, batch, dtype_name, direction, inputs, repeats):
         try:
             t = time_op(conv_direction_fn(forced, direction), inputs, repeats=repeats)
         except Exception as e:  # noqa: BLE001 - report and keep benchmarking
-            print(f"  {layer[0]} {direction} {info.name}: FAILED {type(e).__name__}: "
+            print(f"  {layer.name} {direction} {info.name}: FAILED {type(e).__name__}: "
                   f"{str(e)[:200]}")
             continue
-        out[info.name] = conv_flops(layer, batch, direction) / t / 1e12
+        out[info.name] = conv_flops(layer, direction) / t / 1e12
     return out
 
 
@@ -120,11 +120,10 @@ def rescore(path, batch):
     """Rows of an --algos results file, re-scored with the current heuristic for CUDA."""
     with open(path) as f:
         data = json.load(f)
-    rows = []
+    rows, layers = [], {lay.name: lay for lay in conv_layers(batch)}
     for r in data["rows"]:
         if "algos" in r:
-            layer = next(lay for lay in CONV_LAYERS if lay[0] == r["layer"])
-            heuristic = heuristic_algos(layer, batch, r["dtype"], "cuda")[r["dir"]]
+            heuristic = heuristic_algos(layers[r["layer"]], r["dtype"], "cuda")[r["dir"]]
             score(r, heuristic)
             if heuristic in r["algos"]:
                 r["jaxdnn TFLOP/s"] = r["algos"][heuristic]
@@ -138,8 +137,9 @@ def first_trace_cost(batch):
     """Seconds to trace + compile a jitted train step of three layers: default heuristic,
     benchmark mode with an empty cache (runs find), and benchmark mode with the cache warm."""
     fns = []
-    for layer in (CONV_LAYERS[2], CONV_LAYERS[4], CONV_LAYERS[8]):
-        args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in layer_shapes(layer, batch)]
+    layers = conv_layers(batch)
+    for layer in (layers[2], layers[4], layers[8]):
+        args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in layer_shapes(layer)]
         fns.append((conv_direction_fn(conv_fns(layer)[0], "train"), args))
 
     def compile_all():
@@ -198,9 +198,9 @@ def main():
     else:
         dtypes = args.dtypes.split(",")
         for i, dtype in enumerate(dtypes):
-            for layer in select_layers(args.layers):
-                rows += bench_layer(layer, args.batch, dtype, args.dirs.split(","),
-                                    args.repeats, trials, args.algos)
+            for layer in select_layers(args.layers, conv_layers(args.batch)):
+                rows += bench_layer(layer, dtype, args.dirs.split(","), args.repeats, trials,
+                                    args.algos)
             # Written after each dtype, so a run stopped part-way still leaves its table.
             partial = "" if i + 1 == len(dtypes) else (
                 f" Partial run: dtypes {', '.join(dtypes[:i + 1])} of {', '.join(dtypes)}.")

@@ -24,8 +24,10 @@ import datetime
 import itertools
 import json
 import os
+import pathlib
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -36,6 +38,10 @@ from jax import lax
 
 import jaxdnn
 from jaxdnn.tuning import device_identity
+
+# The conv layer tables are tests/problems.py's, shared with the tests.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from problems import ConvCase, depthwise_layers, large_filter_layers, resnet50_layers  # noqa: E402
 
 MIN_BATCH_S = 0.02
 
@@ -203,24 +209,11 @@ def backward(f: Callable) -> Callable:
 
 # ---- convolution layers (bench_conv_gpu.py, bench_conv_cpu.py) ------------------------------
 
-# (name, H=W, Cin, Cout, kernel, stride, pad, groups)
-CONV_LAYERS = [
-    ("conv1_7x7s2", 224, 3, 64, 7, 2, 3, 1),
-    ("l1_1x1_64_64", 56, 64, 64, 1, 1, 0, 1),
-    ("l1_3x3_64", 56, 64, 64, 3, 1, 1, 1),
-    ("l1_1x1_64_256", 56, 64, 256, 1, 1, 0, 1),
-    ("l2_3x3_128", 28, 128, 128, 3, 1, 1, 1),
-    ("l2_1x1_512_128", 28, 512, 128, 1, 1, 0, 1),
-    ("l3_3x3_256", 14, 256, 256, 3, 1, 1, 1),
-    ("l3_1x1_256_1024", 14, 256, 1024, 1, 1, 0, 1),
-    ("l4_3x3_512", 7, 512, 512, 3, 1, 1, 1),
-    ("l4_3x3s2_256", 28, 256, 256, 3, 2, 1, 1),
-    ("dw3x3_144", 56, 144, 144, 3, 1, 1, 144),
-    ("dw7x7_96", 56, 96, 96, 7, 1, 3, 96),
-    # Not ResNet-50 (left out of its geomeans): large stride-1 filters, where the FFT competes.
-    ("x_7x7_64", 56, 64, 64, 7, 1, 3, 1),
-    ("x_7x7_128", 28, 128, 128, 7, 1, 3, 1),
-]
+def conv_layers(batch: int) -> list[ConvCase]:
+    """The ResNet-50 layers, two depthwise layers and two 7x7 stride-1 layers (not ResNet-50,
+    left out of its geomeans: large stride-1 filters, where the FFT competes), at `batch`."""
+    return resnet50_layers(batch) + depthwise_layers(batch) + large_filter_layers(batch)
+
 
 # fwd is the convolution, bwd_data / bwd_filter the halves of its jax.vjp with a random
 # cotangent (the other operand closed over, so one kernel runs), train all three at once.
@@ -233,44 +226,43 @@ CONV_DIRECTIONS_NOTE = (
 
 
 def in_resnet(name: str) -> bool:
-    return not name.startswith(("dw", "x_"))
+    return name in {lay.name for lay in resnet50_layers(1)}
 
 
-def select_layers(spec: str, layers=CONV_LAYERS) -> list:
+def select_layers(spec: str, layers: list[ConvCase]) -> list[ConvCase]:
     """Layers by comma-separated 1-based indices or names ("" = all of `layers`)."""
     if not spec:
         return list(layers)
-    by_name = {lay[0]: lay for lay in layers}
+    by_name = {lay.name: lay for lay in layers}
     return [by_name[s] if s in by_name else layers[int(s) - 1] for s in spec.split(",")]
 
 
-def layer_shapes(layer, batch: int) -> tuple[tuple, tuple, tuple]:
+def layer_shapes(layer: ConvCase) -> tuple[tuple, tuple, tuple]:
     """(x, w, y) shapes: NHWC, HWIO, NHWC."""
-    _, hw, cin, cout, k, stride, pad, groups = layer
-    out = (hw + 2 * pad - k) // stride + 1
-    return (batch, hw, hw, cin), (k, k, cin // groups, cout), (batch, out, out, cout)
+    batch, hw, _, _ = layer.x_shape
+    k, _, _, cout = layer.w_shape
+    (pad, _), _ = layer.kw["padding"]
+    out = (hw + 2 * pad - k) // layer.kw["window_strides"][0] + 1
+    return layer.x_shape, layer.w_shape, (batch, out, out, cout)
 
 
-def conv_flops(layer, batch: int, direction: str) -> float:
+def conv_flops(layer: ConvCase, direction: str) -> float:
     """2*N*P*Q*K*C*R*S/groups, 3x that for train."""
-    _, _, cin, _, k, _, _, groups = layer
-    y = layer_shapes(layer, batch)[2]
-    return 2.0 * np.prod(y) * k * k * cin / groups * (3 if direction == "train" else 1)
+    k, _, cin_per_group, _ = layer.w_shape
+    y = layer_shapes(layer)[2]
+    return 2.0 * np.prod(y) * k * k * cin_per_group * (3 if direction == "train" else 1)
 
 
-def conv_fns(layer, algo=None, precision=None) -> tuple[Callable, Callable]:
+def conv_fns(layer: ConvCase, algo=None, precision=None) -> tuple[Callable, Callable]:
     """(jaxdnn conv, lax conv) of a layer as functions of (x, w), NHWC / HWIO."""
-    _, _, _, _, _, stride, pad, groups = layer
-    padding = ((pad, pad), (pad, pad))
+    kw = layer.kw
 
     def ours(x, w):
-        return jaxdnn.conv(x, w, stride=stride, padding=padding, groups=groups, algo=algo,
-                           precision=precision)
+        return jaxdnn.conv(x, w, stride=kw["window_strides"], padding=kw["padding"],
+                           groups=kw["feature_group_count"], algo=algo, precision=precision)
 
     def xla(x, w):
-        return lax.conv_general_dilated(x, w, (stride, stride), padding,
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                        feature_group_count=groups, precision=precision)
+        return lax.conv_general_dilated(x, w, **kw, precision=precision)
     return ours, xla
 
 

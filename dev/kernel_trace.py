@@ -30,13 +30,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import bench_activation  # noqa: E402
 import bench_norm  # noqa: E402
 import bench_pool  # noqa: E402
-from common import conv_direction_fn  # noqa: E402
+from common import conv_direction_fn, conv_fns, depthwise_layers, layer_shapes  # noqa: E402
 import jaxdnn  # noqa: E402
 
 COPIES = 4  # distinct inputs per jitted call, as the benchmarks rotate them
@@ -98,15 +97,11 @@ def mix_case(name, dtype):
 
 
 def depthwise_case(name, dtype):
-    size, direction = int(name[2]), name[len("dw7_"):]
+    size, direction = name[2], name[len("dw7_"):]
+    layer = next(lay for lay in depthwise_layers(64) if lay.name.startswith(f"dw{size}x{size}_"))
     rng = np.random.default_rng(0)
-    c = {3: 144, 7: 96}[size]
-    x, w, dy = ((rng.standard_normal(s, np.float32) for s in
-                 ((64, 56, 56, c), (size, size, 1, c), (64, 56, 56, c))))
-    dn = ("NHWC", "HWIO", "NHWC")
-    ours = lambda x, w: jaxdnn.conv(x, w, padding="SAME", groups=c)
-    ref = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn,
-                                                feature_group_count=c)
+    x, w, dy = (rng.standard_normal(s, np.float32) for s in layer_shapes(layer))
+    ours, ref = conv_fns(layer)
 
     args = [tuple(jnp.asarray(a + i, dtype) for a in (x, w, dy)) for i in range(COPIES)]
     return conv_direction_fn(ours, direction), conv_direction_fn(ref, direction), args

@@ -21,70 +21,8 @@ from jax.test_util import check_grads
 
 import jaxdnn
 
-from util import (DTYPES, PLATFORMS, ConvCase, assert_close, channels_last, device,
-                  needs_cuda_module, on, rand)
-
-
-NHWC = channels_last(2)
-
-CASES = [
-    ConvCase("2d_basic", (2, 7, 6, 5), (3, 3, 5, 4),
-             dict(window_strides=(1, 1), padding="SAME", dimension_numbers=NHWC)),
-    ConvCase("2d_stride_asym_pad", (2, 9, 8, 3), (3, 2, 3, 4),
-             dict(window_strides=(2, 3), padding=[(2, 0), (1, 3)], dimension_numbers=NHWC)),
-    ConvCase("2d_oversized_pad", (1, 3, 4, 2), (2, 2, 2, 3),
-             dict(window_strides=(1, 1), padding=[(4, 5), (3, 3)], dimension_numbers=NHWC)),
-    ConvCase("2d_negative_pad", (2, 8, 9, 3), (3, 3, 3, 2),
-             dict(window_strides=(1, 2), padding=[(-1, 1), (1, -2)], dimension_numbers=NHWC)),
-    ConvCase("2d_valid_even_kernel", (2, 8, 7, 4), (4, 2, 4, 3),
-             dict(window_strides=(1, 1), padding="VALID", dimension_numbers=NHWC)),
-    ConvCase("2d_rhs_dilation", (2, 11, 10, 3), (3, 3, 3, 4),
-             dict(window_strides=(1, 1), padding="SAME", rhs_dilation=(2, 3),
-                  dimension_numbers=NHWC)),
-    ConvCase("2d_lhs_dilation", (2, 5, 4, 3), (3, 2, 3, 2),
-             dict(window_strides=(1, 2), padding=[(1, 2), (0, 1)], lhs_dilation=(2, 3),
-                  dimension_numbers=NHWC)),
-    ConvCase("2d_groups", (2, 6, 5, 6), (3, 3, 2, 9),
-             dict(window_strides=(1, 1), padding="SAME", feature_group_count=3,
-                  dimension_numbers=NHWC)),
-    ConvCase("2d_depthwise", (2, 7, 7, 8), (3, 3, 1, 8),
-             dict(window_strides=(2, 2), padding="SAME", feature_group_count=8,
-                  dimension_numbers=NHWC)),
-    ConvCase("2d_depthwise_multiplier", (1, 6, 6, 4), (5, 5, 1, 8),
-             dict(window_strides=(1, 1), padding=[(2, 2), (2, 2)], feature_group_count=4,
-                  dimension_numbers=NHWC)),
-    ConvCase("2d_batch_groups", (6, 5, 6, 4), (3, 2, 4, 6),
-             dict(window_strides=(1, 1), padding="SAME", batch_group_count=3,
-                  dimension_numbers=NHWC)),
-    ConvCase("2d_nchw_oihw", (2, 3, 7, 6), (4, 3, 3, 2),
-             dict(window_strides=(1, 2), padding="SAME",
-                  dimension_numbers=("NCHW", "OIHW", "NCHW"))),
-    ConvCase("2d_mixed_layouts", (2, 3, 7, 6), (3, 2, 3, 4),
-             dict(window_strides=(2, 1), padding=[(1, 1), (0, 2)],
-                  dimension_numbers=("NCHW", "HWIO", "NHWC"))),
-    ConvCase("2d_default_dnums", (2, 3, 6, 5), (4, 3, 2, 3),
-             dict(window_strides=(1, 1), padding="VALID")),
-    ConvCase("2d_1x1_stride2", (2, 8, 8, 6), (1, 1, 6, 5),
-             dict(window_strides=(2, 2), padding="VALID", dimension_numbers=NHWC)),
-    ConvCase("2d_empty_spatial", (2, 0, 5, 3), (3, 3, 3, 4),
-             dict(window_strides=(1, 1), padding="VALID", dimension_numbers=NHWC)),
-    ConvCase("2d_empty_input_padded", (1, 0, 4, 2), (1, 3, 2, 3),
-             dict(window_strides=(1, 1), padding=[(1, 1), (1, 1)], dimension_numbers=NHWC)),
-    ConvCase("1d", (3, 17, 4), (5, 4, 6),
-             dict(window_strides=(2,), padding=[(3, 1)], rhs_dilation=(2,),
-                  dimension_numbers=channels_last(1))),
-    ConvCase("1d_ncw_groups", (2, 6, 13), (6, 3, 4),
-             dict(window_strides=(1,), padding="SAME", feature_group_count=2,
-                  dimension_numbers=("NCW", "OIW", "NCW"))),
-    ConvCase("3d", (2, 5, 6, 4, 3), (2, 3, 2, 3, 4),
-             dict(window_strides=(1, 2, 1), padding="SAME", dimension_numbers=channels_last(3))),
-    ConvCase("3d_dilated_groups", (1, 6, 5, 7, 4), (2, 2, 3, 2, 6),
-             dict(window_strides=(2, 1, 1), padding=[(1, 0), (1, 1), (2, 2)],
-                  rhs_dilation=(2, 1, 2), feature_group_count=2,
-                  dimension_numbers=channels_last(3))),
-    ConvCase("2d_wide_channels", (2, 6, 6, 48), (3, 3, 48, 40),
-             dict(window_strides=(1, 1), padding="SAME", dimension_numbers=NHWC)),
-]
+from problems import CORRECTNESS_GRID, NHWC, channels_last
+from util import DTYPES, PLATFORMS, assert_close, device, needs_cuda_module, on, rand
 
 
 def _registered(platform):
@@ -132,7 +70,7 @@ def _problem_supported(case, dtype, algo, platform, y_shape):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case", CORRECTNESS_GRID, ids=str)
 def test_conv_all_algorithms_match_lax(case, dtype, platform):
     device(platform)
     rng = np.random.default_rng(zlib.crc32(case.name.encode()))
@@ -159,7 +97,7 @@ def test_conv_all_algorithms_match_lax(case, dtype, platform):
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
 def test_preferred_element_type_float32(dtype, platform):
     """16-bit inputs with a float32 result accumulate and store in float32."""
-    case = CASES[1]
+    case = CORRECTNESS_GRID[1]
     rng = np.random.default_rng(7)
     x, w = rand(rng, case.x_shape, dtype), rand(rng, case.w_shape, dtype)
     y = jax.jit(partial(jaxdnn.conv_general_dilated, **case.kw,
@@ -170,7 +108,7 @@ def test_preferred_element_type_float32(dtype, platform):
 
 
 def test_preferred_element_type_float64_from_float32():
-    case = CASES[0]
+    case = CORRECTNESS_GRID[0]
     rng = np.random.default_rng(8)
     x, w = rand(rng, case.x_shape, jnp.float32), rand(rng, case.w_shape, jnp.float32)
     y = jaxdnn.conv_general_dilated(x, w, **case.kw, preferred_element_type=jnp.float64)
@@ -180,7 +118,7 @@ def test_preferred_element_type_float64_from_float32():
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_deterministic_algorithms_are_bitwise_reproducible(platform):
-    case = CASES[-1]
+    case = CORRECTNESS_GRID[-1]
     rng = np.random.default_rng(3)
     x, w = rand(rng, case.x_shape), rand(rng, case.w_shape)
     ct = rand(rng, (2, 6, 6, 40))
@@ -270,7 +208,7 @@ def test_conv_transpose_grad():
 
 # ---- transformations -----------------------------------------------------------------------------
 
-GRAD_CASES = [c for c in CASES if c.name in
+GRAD_CASES = [c for c in CORRECTNESS_GRID if c.name in
               ("2d_stride_asym_pad", "2d_lhs_dilation", "2d_groups", "2d_batch_groups",
                "1d", "3d_dilated_groups", "2d_mixed_layouts")]
 
@@ -285,7 +223,7 @@ def test_check_grads_second_order(case):
 
 def test_jacfwd_hessian_match_lax():
     rng = np.random.default_rng(22)
-    case = CASES[1]
+    case = CORRECTNESS_GRID[1]
     x, w = rand(rng, (1, 5, 4, 3), jnp.float64), rand(rng, case.w_shape, jnp.float64)
     ours = lambda x, w: jnp.sum(jnp.tanh(jaxdnn.conv_general_dilated(x, w, **case.kw)))
     ref = lambda x, w: jnp.sum(jnp.tanh(lax.conv_general_dilated(x, w, **case.kw)))
@@ -311,7 +249,7 @@ VMAP_AXES = [(0, None), (None, 0), (0, 0), (2, 4), (None, 1)]
 
 
 @pytest.mark.parametrize("in_axes", VMAP_AXES, ids=str)
-@pytest.mark.parametrize("case", [CASES[1], CASES[7], CASES[10]], ids=str)
+@pytest.mark.parametrize("case", [CORRECTNESS_GRID[i] for i in (1, 7, 10)], ids=str)
 def test_vmap_and_vmap_grad(case, in_axes):
     rng = np.random.default_rng(31)
     b = 3

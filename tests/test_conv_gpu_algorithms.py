@@ -18,7 +18,7 @@ from jax import lax
 import jaxdnn
 from jaxdnn.ops import conv as conv_ops
 
-from test_conv_oracle import GRID
+from problems import KERNEL_GRID
 from util import (assert_close, has_gpu, needs_cuda_module, needs_gpu, rand,
                   subprocess_env)
 
@@ -56,8 +56,9 @@ def _supported(problem):
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("case", [c for c in GRID if c.name in ("3x3_same", "many_tiles_split_k",
-                                                                  "stem_3_channels", "depthwise")],
+@pytest.mark.parametrize("case", [c for c in KERNEL_GRID
+                                  if c.name in ("3x3_same", "many_tiles_split_k",
+                                                "stem_3_channels", "depthwise")],
                          ids=str)
 def test_deterministic_algorithms_are_bitwise_reproducible_on_gpu(case, dtype):
     x_shape, w_shape, kw = case.x_shape, case.w_shape, case.kw

@@ -25,7 +25,8 @@ from jax import lax
 
 import jaxdnn
 
-from util import ConvCase, assert_close, channels_last, rand
+from problems import ConvCase, channels_last
+from util import assert_close, rand
 
 ALGO = "im2col_gemm"
 

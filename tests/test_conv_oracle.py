@@ -1,7 +1,7 @@
 """Every CUDA conv algorithm, in every direction and arithmetic it supports, against jax.lax in
 float64 on the CPU, on the ResNet-50 layers (N=2; the 224x224 stem at N=1), the depthwise layers
 of MobileNet-like networks, odd sizes and channel counts, 1-D and 3-D problems and the grid of
-kernel paths of tests/test_conv_gpu_algorithms.py.
+kernel paths of tests/test_conv_gpu_algorithms.py, all from tests/problems.py.
 
 Each test asks the CUDA registry which algorithms support each direction of its problem and runs
 every one of them with that direction forced, so a newly registered algorithm is tested without
@@ -36,118 +36,11 @@ from jax import lax
 import jaxdnn
 from jaxdnn.ops import conv as conv_ops
 
-from util import (ROOT, ConvCase, assert_close, channels_last, needs_cuda_module, needs_gpu,
-                  subprocess_env)
+from problems import CONV1D, CONV3D, KERNEL_GRID, ODD_SIZES, depthwise_layers, resnet50_layers
+from util import ROOT, assert_close, needs_cuda_module, needs_gpu, subprocess_env
 
-NHWC = channels_last(2)
-
-
-def _case(name, x_shape, w_shape, **kw):
-    kw.setdefault("dimension_numbers", channels_last(len(x_shape) - 2))
-    return ConvCase(name, tuple(x_shape), tuple(w_shape), kw)
-
-
-def _layer(name, n, hw, cin, cout, k, stride, pad, groups=1):
-    return _case(name, (n, hw, hw, cin), (k, k, cin // groups, cout),
-                 window_strides=(stride, stride), padding=((pad, pad), (pad, pad)),
-                 feature_group_count=groups)
-
-
-# ResNet-50 (DESIGN.md section 6): (H=W, Cin, Cout, kernel, stride, pad).
-RESNET = [
-    _layer("conv1_7x7s2", 1, 224, 3, 64, 7, 2, 3), _layer("l1_1x1_64_64", 2, 56, 64, 64, 1, 1, 0),
-    _layer("l1_3x3_64", 2, 56, 64, 64, 3, 1, 1), _layer("l1_1x1_64_256", 2, 56, 64, 256, 1, 1, 0),
-    _layer("l2_3x3_128", 2, 28, 128, 128, 3, 1, 1),
-    _layer("l2_1x1_512_128", 2, 28, 512, 128, 1, 1, 0),
-    _layer("l3_3x3_256", 2, 14, 256, 256, 3, 1, 1),
-    _layer("l3_1x1_256_1024", 2, 14, 256, 1024, 1, 1, 0),
-    _layer("l4_3x3_512", 2, 7, 512, 512, 3, 1, 1), _layer("l4_3x3s2_256", 2, 28, 256, 256, 3, 2, 1),
-]
-DEPTHWISE = [
-    _layer("dw3x3_144", 2, 56, 144, 144, 3, 1, 1, groups=144),
-    _layer("dw7x7_96", 2, 56, 96, 96, 7, 1, 3, groups=96),
-]
-ODD = [
-    _case("odd_3_to_24_5x5_s2", (2, 17, 15, 3), (5, 5, 3, 24), window_strides=(2, 2),
-          padding=((2, 2), (2, 2))),
-    _case("odd_5_to_17_same", (2, 13, 11, 5), (3, 3, 5, 17), window_strides=(1, 1),
-          padding="SAME"),
-    _case("odd_17_to_24_s2_asym", (3, 9, 7, 17), (3, 3, 17, 24), window_strides=(2, 2),
-          padding=((1, 0), (0, 1))),
-    _case("odd_24_to_5_1x1", (2, 11, 13, 24), (1, 1, 24, 5), window_strides=(1, 1),
-          padding="VALID"),
-    _case("odd_24_to_24_3x3", (2, 15, 13, 24), (3, 3, 24, 24), window_strides=(1, 1),
-          padding="SAME"),
-    _case("odd_groups_3", (2, 9, 11, 24), (3, 3, 8, 9), window_strides=(1, 1), padding="SAME",
-          feature_group_count=3),
-    _case("odd_dilated_17_to_24", (2, 15, 13, 17), (3, 3, 17, 24), window_strides=(1, 1),
-          padding="SAME", rhs_dilation=(2, 2)),
-    _case("odd_depthwise_24_5x5_s2", (2, 15, 13, 24), (5, 5, 1, 24), window_strides=(2, 2),
-          padding=((2, 2), (2, 2)), feature_group_count=24),
-    _case("odd_depthwise_3x3_17", (2, 13, 11, 16), (3, 3, 1, 16), window_strides=(1, 1),
-          padding=((1, 1), (1, 1)), feature_group_count=16),
-]
-ONE_THREE_D = [
-    _case("1d_24_to_17", (4, 37, 24), (5, 24, 17), window_strides=(1,), padding=((2, 2),)),
-    _case("1d_s2_dilated_5_to_24", (3, 61, 5), (7, 5, 24), window_strides=(2,),
-          padding=((3, 4),), rhs_dilation=(2,)),
-    _case("1d_64_to_128", (2, 129, 64), (3, 64, 128), window_strides=(1,), padding="SAME"),
-    _case("3d_16_to_24", (2, 7, 9, 8, 16), (3, 3, 3, 16, 24), window_strides=(1, 1, 1),
-          padding="SAME"),
-    _case("3d_odd_3_to_5", (1, 5, 6, 7, 3), (3, 3, 3, 3, 5), window_strides=(1, 2, 1),
-          padding=((1, 1), (1, 1), (0, 2))),
-    _case("3d_64_to_64_1x1x1", (2, 4, 6, 5, 64), (1, 1, 1, 64, 64), window_strides=(1, 1, 1),
-          padding="VALID"),
-]
-# The kernel paths' own grid (comments in tests/test_conv_gpu_algorithms.py).
-GRID = [
-    _case("3x3_same", (2, 9, 11, 16), (3, 3, 16, 24), window_strides=(1, 1), padding="SAME"),
-    _case("3x3_stride2_asym", (3, 13, 10, 8), (3, 3, 8, 16), window_strides=(2, 2),
-          padding=((1, 2), (0, 1))),
-    _case("classes_stride3_empty", (2, 10, 11, 16), (1, 1, 16, 32), window_strides=(3, 3),
-          padding="VALID"),
-    _case("1x1_two_n_tiles", (2, 7, 9, 32), (1, 1, 32, 136), window_strides=(1, 1),
-          padding="VALID"),
-    _case("dilated", (1, 12, 12, 8), (3, 3, 8, 8), window_strides=(1, 1), padding="SAME",
-          rhs_dilation=(2, 2)),
-    _case("lhs_dilated", (2, 6, 5, 8), (3, 2, 8, 16), window_strides=(1, 2),
-          padding=((1, 2), (0, 1)), lhs_dilation=(2, 3)),
-    _case("groups", (2, 8, 8, 32), (3, 3, 16, 48), window_strides=(1, 1), padding="SAME",
-          feature_group_count=2),
-    _case("many_tiles_split_k", (4, 30, 30, 64), (3, 3, 64, 64), window_strides=(1, 1),
-          padding="SAME"),
-    _case("wide_reduction", (8, 16, 16, 64), (3, 3, 64, 128), window_strides=(1, 1),
-          padding="SAME"),
-    _case("halo_3x3_asym", (3, 28, 21, 128), (3, 3, 128, 192), window_strides=(1, 1),
-          padding=((2, 0), (0, 2))),
-    _case("halo_2x5", (2, 30, 15, 64), (2, 5, 64, 128), window_strides=(1, 1),
-          padding=((1, 0), (2, 2))),
-    _case("im2col_s2_dilated", (3, 15, 13, 64), (3, 3, 64, 128), window_strides=(2, 2),
-          padding=((1, 2), (0, 1)), rhs_dilation=(1, 2)),
-    _case("im2col_groups", (2, 9, 10, 128), (3, 3, 64, 128), window_strides=(1, 1),
-          padding="SAME", feature_group_count=2),
-    _case("im2col_256_columns", (2, 9, 7, 256), (3, 3, 256, 256), window_strides=(1, 1),
-          padding=((1, 0), (0, 2))),
-    _case("im2col_512_outputs_s2", (3, 5, 11, 64), (1, 1, 64, 512), window_strides=(2, 2),
-          padding="VALID"),
-    _case("im2col_tf32_32_channels", (2, 7, 11, 32), (2, 3, 32, 96), window_strides=(1, 1),
-          padding=((1, 0), (2, 1))),
-    _case("ragged_96_inputs", (2, 10, 9, 96), (3, 3, 96, 64), window_strides=(1, 1),
-          padding="SAME"),
-    _case("stem_3_channels", (2, 17, 17, 3), (7, 7, 3, 64), window_strides=(2, 2),
-          padding=((3, 3), (3, 3))),
-    _case("padded_136_outputs", (2, 9, 10, 5), (3, 3, 5, 136), window_strides=(1, 1),
-          padding="SAME"),
-    _case("groups_6_channels", (2, 9, 8, 12), (3, 3, 6, 16), window_strides=(1, 1),
-          padding="SAME", feature_group_count=2),
-    _case("depthwise", (2, 12, 13, 24), (3, 3, 1, 24), window_strides=(1, 1), padding="SAME",
-          feature_group_count=24),
-    _case("depthwise_3x3_asym_pad", (3, 9, 10, 20), (3, 3, 1, 20), window_strides=(1, 1),
-          padding=((0, 2), (2, 0)), feature_group_count=20),
-    _case("depthwise_7x7_s2", (2, 15, 14, 16), (7, 7, 1, 32), window_strides=(2, 2),
-          padding=((3, 3), (3, 3)), feature_group_count=16),
-]
-CASES = RESNET + DEPTHWISE + ODD + ONE_THREE_D + GRID
+REALISTIC = resnet50_layers(2, stem_batch=1) + depthwise_layers(2) + ODD_SIZES + CONV1D + CONV3D
+CASES = REALISTIC + KERNEL_GRID
 assert len({c.name for c in CASES}) == len(CASES)
 
 # (name, operand dtype, precision): the arithmetics a float32 / 16-bit problem runs in.
@@ -326,6 +219,6 @@ def test_cases_reach_every_algorithm():
                 if key not in reached:
                     why = {refused[key][c] for c in runs_on}
                     assert len(why) == 1, f"{key}: no case; refused for {sorted(why)}"
-    realistic = {c.name for c in RESNET + DEPTHWISE + ODD + ONE_THREE_D}
+    realistic = {c.name for c in REALISTIC}
     only_grid = sorted(k for k, cases in reached.items() if not realistic & set(cases))
     assert not only_grid, f"reached only by the small grid: {only_grid}"

@@ -194,25 +194,6 @@ def assert_close(out, ref, dtype, *, tol=None, scale=None, k=1, what=""):
     assert err <= t.rel_l2, f"{what}: relative L2 error {err:.3e} > {t.rel_l2:.1e}"
 
 
-@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: usable as a static argument
-class ConvCase:
-    """A named convolution problem: shapes plus jax.lax.conv_general_dilated keywords."""
-
-    name: str
-    x_shape: tuple
-    w_shape: tuple
-    kw: dict
-
-    def __str__(self):
-        return self.name
-
-
-def channels_last(nd: int) -> tuple[str, str, str]:
-    """conv dimension_numbers for channels-last data and a W..IO filter of `nd` spatial dims."""
-    return {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"),
-            3: ("NDHWC", "DHWIO", "NDHWC")}[nd]
-
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
 

@@ -1,9 +1,10 @@
 // Conv pieces shared by the CPU and CUDA handlers and modules: the binding (same operands and
-// attributes on both platforms), buffers + attributes -> conv::Args, and the Python-facing
-// problem encoding used by the algorithm queries.
+// attributes on both platforms), buffers + attributes -> conv::Args, the handler body templated
+// over the platform, and the Python-facing problem encoding used by the algorithm queries.
 #pragma once
 
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <string>
 #include <vector>
@@ -105,6 +106,33 @@ ffi::Error prepare_conv_call(conv::Direction dir, const ffi::AnyBuffer& a, const
   if (!sup.ok) return invalid(where + " " + std::string(algo) + ": " + sup.reason);
   return ffi::Error::Success();
 }
+
+// The handlers of the three directions on one platform (cpu_common.h: CpuPlatform,
+// cuda_common.h: CudaPlatform). kRegistry returns the platform's algorithms
+// (cc/conv/*_algorithms.h); kRun(algorithm, args, buffers, result, workspace, context) runs the
+// decoded, non-empty call.
+template <typename Platform, auto kRegistry, auto kRun>
+struct ConvHandlers {
+  template <conv::Direction kDir>
+  static ffi::Error Call(typename Platform::Context ctx, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                         ffi::Result<ffi::AnyBuffer> result, ffi::Result<ffi::AnyBuffer> workspace,
+                         I64Span stride, I64Span pad_lo, I64Span pad_hi, I64Span lhs_dilation,
+                         I64Span rhs_dilation, int64_t groups, bool tf32, std::string_view algo) {
+    conv::Args args;
+    std::decay_t<decltype(kRegistry().front())> alg = nullptr;
+    ffi::Error e = prepare_conv_call(
+        kDir, a, b, *result, {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups, tf32},
+        algo, kRegistry(), &args, &alg);
+    if (e.failure() || result->element_count() == 0) return e;
+    return kRun(*alg, args, conv_buffers(kDir, a, b, *result), *result, *workspace, ctx);
+  }
+
+  template <conv::Direction kDir>
+  static XLA_FFI_Handler* handler() {
+    XLA_FFI_DEFINE_HANDLER(h, Call<kDir>, bind_conv(Platform::bind()), Platform::kTraits);
+    return h;
+  }
+};
 
 // Python encodes a problem as 29 ints: N C K G, in[3], filt[3], out[3], stride[3], pad_lo[3],
 // pad_hi[3], lhs_dil[3], rhs_dil[3], tf32 (jaxdnn/ops/conv.py: ConvSpec.encode()).

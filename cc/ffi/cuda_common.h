@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <initializer_list>
+
 #include "cc/ffi/common.h"
 
 namespace jaxdnn::ffi_util {
@@ -16,5 +18,19 @@ inline ffi::Error poison_device(ffi::AnyBuffer& result, cudaStream_t stream) {
                                 cudaGetErrorString(e));
   return ffi::Error::Success();
 }
+
+// The CUDA side of a handler body that both platforms share (cpu_common.h: CpuPlatform): the
+// handler binds XLA's stream, enqueues its kernels there and does no allocation or
+// synchronisation, so it is CUDA-graph compatible.
+struct CudaPlatform {
+  using Context = cudaStream_t;
+  static constexpr std::initializer_list<ffi::Traits> kTraits = {
+      ffi::Traits::kCmdBufferCompatible};
+  static auto bind() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
+  static cudaStream_t exec(cudaStream_t stream) { return stream; }
+  static ffi::Error poison(ffi::AnyBuffer& result, cudaStream_t stream) {
+    return poison_device(result, stream);
+  }
+};
 
 }  // namespace jaxdnn::ffi_util
