@@ -22,15 +22,15 @@ from jax.test_util import check_grads
 import jaxdnn
 
 from problems import CORRECTNESS_GRID, NHWC, channels_last
-from util import DTYPES, PLATFORMS, assert_close, device, needs_cuda_module, on, rand
+from util import DTYPES, PLATFORMS, assert_close, by_base, device, needs_cuda_module, on, rand
 
 
 def _registered(platform):
-    """Names of the conv algorithms registered for a test platform."""
+    """Base names of the conv algorithms registered for a test platform."""
     device(platform)  # skips (or fails, under JAXDNN_REQUIRE_GPU=1) without a usable GPU
     probe = jaxdnn.conv_problem(jax.ShapeDtypeStruct((1, 4, 4, 1), jnp.float32),
                                 jax.ShapeDtypeStruct((1, 1, 1, 1), jnp.float32))
-    return [a.name for a in jaxdnn.conv_algorithms(probe, {"gpu": "cuda"}.get(platform, platform))]
+    return list(by_base(jaxdnn.conv_algorithms(probe, {"gpu": "cuda"}.get(platform, platform))))
 
 
 def _ref_all(case, x, w, ct, preferred=None):
@@ -64,7 +64,7 @@ def _problem_supported(case, dtype, algo, platform, y_shape):
     probs = jaxdnn.conv_problems(f, *(jax.ShapeDtypeStruct(s, dtype)
                                       for s in (case.x_shape, case.w_shape, y_shape)))
     plat = {"gpu": "cuda"}.get(platform, platform)
-    return all({a.name: a for a in jaxdnn.conv_algorithms(p, plat)}[algo].supported
+    return all(by_base(jaxdnn.conv_algorithms(p, plat))[algo].supported
                for p in probs)
 
 
@@ -127,8 +127,8 @@ def test_deterministic_algorithms_are_bitwise_reproducible(platform):
             continue
         outs1 = _ours_all(case, *on(platform, x, w, ct), algo)
         outs2 = _ours_all(case, *on(platform, x, w, ct), algo)
-        infos = {a.name: a for a in jaxdnn.conv_algorithms(
-            jaxdnn.conv_problem(x, w, padding="SAME"), {"gpu": "cuda"}.get(platform, platform))}
+        infos = by_base(jaxdnn.conv_algorithms(
+            jaxdnn.conv_problem(x, w, padding="SAME"), {"gpu": "cuda"}.get(platform, platform)))
         if infos[algo].deterministic:
             for a, b in zip(outs1, outs2):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -19,7 +19,7 @@ import jaxdnn
 from jaxdnn.ops import conv as conv_ops
 
 from problems import KERNEL_GRID
-from util import (assert_close, has_gpu, needs_cuda_module, needs_gpu, rand,
+from util import (assert_close, by_base, has_gpu, needs_cuda_module, needs_gpu, rand,
                   subprocess_env)
 
 NHWC = ("NHWC", "HWIO", "NHWC")
@@ -96,7 +96,7 @@ def test_mixed_precision_result_float32_on_gpu():
 
 def _infos(x_shape, w_shape, kw, dtype=jnp.float32, precision="highest", direction="fwd"):
     problem = _problems(x_shape, w_shape, kw, dtype, precision)[direction]
-    return {a.name: a for a in jaxdnn.conv_algorithms(problem, "cuda")}, problem
+    return by_base(jaxdnn.conv_algorithms(problem, "cuda")), problem
 
 
 @needs_cuda_module

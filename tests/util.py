@@ -220,3 +220,9 @@ def subprocess_env(*paths, **variables) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(
         [*map(str, paths), package_parent, *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
+
+
+def by_base(infos):
+    """{base name: the info of its default variant} of a conv_algorithms listing (a GPU
+    algorithm's name is its concrete variant, cc/conv/variant.h)."""
+    return {a.base: a for a in infos if a.default}

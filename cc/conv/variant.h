@@ -146,7 +146,7 @@ struct Listed {
   std::string name;      // the concrete name where supported, else the name as asked
   Args args;             // the problem with the name's pins
   Support support;
-  bool is_default;       // the variant its algorithm runs when the name has no options
+  bool is_default;       // a base name, or the variant its base name runs
 };
 
 template <typename Algo>
@@ -164,7 +164,8 @@ Listed<Algo> describe_name(const std::vector<const Algo*>& all, const Args& args
     l.name = concrete_name(*l.alg, l.args);
     find_algorithm(all, l.name, &l.args.variant, &error);  // every pin of the concrete name
   }
-  l.is_default = l.support.ok && l.name == concrete_name(*l.alg, args);
+  l.is_default = name.find('.') == std::string_view::npos ||
+                 (l.support.ok && l.name == concrete_name(*l.alg, args));
   return l;
 }
 
