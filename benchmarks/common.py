@@ -35,7 +35,7 @@ import numpy as np
 from jax import lax
 
 import jaxdnn
-from jaxdnn.tuning import device_identity
+from jaxdnn.selection.cache import device_identity
 
 MIN_BATCH_S = 0.02
 

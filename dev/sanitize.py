@@ -26,6 +26,7 @@ import numpy as np
 
 import jaxdnn
 from jaxdnn.ops import conv as conv_ops
+from jaxdnn.selection import conv as conv_sel
 
 # 256-column conv tiles at any size: the size rule (cc/conv/cuda_gemm_conv.cuh: wide_plan) keeps
 # them off every problem here, which is small, so memcheck and racecheck would never see them.
@@ -187,7 +188,7 @@ def conv(names=""):
                     for info in jaxdnn.conv_algorithms(p, "cuda" if PLATFORM == "gpu" else "cpu"):
                         if not info.supported or (ALGOS and info.name not in ALGOS):
                             continue
-                        run = conv_ops._run_algorithm(info.name, p.direction, p.spec, p.out_dtype)
+                        run = conv_sel._run_algorithm(info.name, p.direction, p.spec, p.out_dtype)
                         finite(f"conv {name} {p.direction} {info.name} {dt.__name__} "
                                f"{precision}", run(a, b))
 
