@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +52,7 @@ def conv_problems(fn, *args, **kwargs) -> list[ConvProblem]:
 def conv_problem(x, w, **conv_kwargs) -> ConvProblem:
     """The forward problem of ``jaxdnn.conv(x, w, **conv_kwargs)``; x and w may be arrays or
     ``jax.ShapeDtypeStruct``s."""
-    (problem,) = conv_problems(partial(conv, **conv_kwargs), x, w)
+    (problem,) = conv_problems(functools.partial(conv, **conv_kwargs), x, w)
     return problem
 
 
@@ -285,8 +284,8 @@ def _time_algorithm(name, fn, problem: ConvProblem, platform, inputs, repeats):
     if platform == "cuda":
         try:
             ms = _ffi.module_for("cuda").time_conv_algorithm(
-                DIRECTIONS.index(problem.direction), problem.spec.encode(), str(problem.dtype),
-                str(problem.out_dtype), name, repeats)
+                DIRECTIONS.index(problem.direction), problem.spec.encode(),
+                str(np.dtype(problem.dtype)), str(np.dtype(problem.out_dtype)), name, repeats)
             return float(np.median(ms)) / 1e3, "cuda events"
         except RuntimeError:
             pass
@@ -318,7 +317,8 @@ class ConvFamily:
         return conv_algorithms(problem, platform)
 
     def key(self, problem: ConvProblem) -> str:
-        return (f"{problem.direction}|{problem.dtype.name}|{problem.out_dtype.name}|"
+        return (f"{problem.direction}|{np.dtype(problem.dtype).name}|"
+                f"{np.dtype(problem.out_dtype).name}|"
                 + ",".join(str(v) for v in problem.spec.encode()))
 
     def find(self, problem: ConvProblem, platform: str) -> list[dict]:
