@@ -87,12 +87,13 @@ def bench_layer(layer, dtype_name, directions, repeats, trials, all_algos):
 
 
 def time_algorithms(layer, dtype_name, direction, inputs, repeats):
-    """{algorithm: TFLOP/s} of every supported jaxdnn algorithm for one direction, each forced."""
+    """{algorithm: TFLOP/s} of every supported jaxdnn algorithm for one direction, each forced
+    (its default variant: the kernel its base name runs)."""
     dtype, precision = parse_dtype(dtype_name)
     args = [jax.ShapeDtypeStruct(s, dtype) for s in layer_shapes(layer)]
     fn = conv_direction_fn(conv_fns(layer, None, precision)[0], direction)
     (problem,) = [p for p in jaxdnn.conv_problems(fn, *args) if p.direction == direction]
-    infos = [a for a in jaxdnn.conv_algorithms(problem) if a.supported]
+    infos = [a for a in jaxdnn.conv_algorithms(problem, variants=False) if a.supported]
     out = {}
     for info in infos:
         if info.name == "direct" and infos[0].name != "direct":

@@ -37,7 +37,7 @@ import numpy as np
 from jax import lax
 
 import jaxdnn
-from jaxdnn.tuning import device_identity
+from jaxdnn.selection.cache import device_identity
 
 # The conv layer tables are tests/problems.py's, shared with the tests.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))

@@ -26,6 +26,7 @@ import numpy as np
 
 import jaxdnn
 from jaxdnn.ops import conv as conv_ops
+from jaxdnn.selection import conv as conv_sel
 
 PLATFORM = os.environ.get("JAXDNN_SANITIZE_PLATFORM", "gpu")  # "cpu": a quick local dry run
 GPU = jax.devices(PLATFORM)[0]
@@ -182,7 +183,7 @@ def conv(names=""):
                     for info in jaxdnn.conv_algorithms(p, "cuda" if PLATFORM == "gpu" else "cpu"):
                         if not info.supported or (ALGOS and info.base not in ALGOS):
                             continue
-                        run = conv_ops._run_algorithm(info.name, p.direction, p.spec, p.out_dtype)
+                        run = conv_sel._run_algorithm(info.name, p.direction, p.spec, p.out_dtype)
                         finite(f"conv {name} {p.direction} {info.name} {dt.__name__} "
                                f"{precision}", run(a, b))
 

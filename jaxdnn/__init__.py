@@ -8,19 +8,22 @@ from __future__ import annotations
 
 from ._version import __version__
 from . import _ffi  # noqa: F401  (registers every FFI target)
-from .algo import AlgoInfo
 from .ops import activation as _activation
 from .ops import norm as _norm
 from .ops import pool as _pool
 from .ops import softmax as _softmax
 from .ops.activation import *  # noqa: F403
 from ._config import config
-from .ops.conv import (ConvProblem, ConvSpec, FindResult, conv, conv_algorithms,
-                       conv_general_dilated, conv_problem, conv_problems, conv_transpose, explain,
-                       find_conv_algorithms)
+from .ops.conv import ConvSpec, conv, conv_general_dilated, conv_transpose
 from .ops.norm import *  # noqa: F403
 from .ops.pool import *  # noqa: F403
 from .ops.softmax import *  # noqa: F403
+# Importing a family's selection module registers it for lowering and explain.
+from .selection.conv import (ConvProblem, FindResult, conv_algorithms, conv_problem,
+                             conv_problems, find_conv_algorithms)
+from .selection.core import AlgoInfo
+from .selection.explain import explain
+from .selection.softmax import softmax_algorithms
 
 
 def build_info() -> dict:
@@ -62,4 +65,5 @@ __all__ = [
     "conv_transpose",
     "explain",
     "find_conv_algorithms",
+    "softmax_algorithms",
 ]

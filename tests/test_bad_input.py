@@ -4,6 +4,7 @@ the tuning cache) warn and carry on; nothing may crash the process. CPU only, an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -19,7 +20,10 @@ import pytest
 from jax import lax
 
 import jaxdnn
-from jaxdnn import _config, algo, tuning
+from jaxdnn import _config
+from jaxdnn.selection import cache as cache_lib
+from jaxdnn.selection import conv as conv_sel
+from jaxdnn.selection import core
 from util import subprocess_env
 
 
@@ -49,13 +53,13 @@ def test_unwritable_cache_warns_once_and_runs_uncached(tmp_path, monkeypatch):
                                ("cache_dir_is_a_file", (1, 7, 6, 2), "Not a directory"),
                                ("cache_path_is_a_dir", (1, 6, 7, 2), "Is a directory")]:
         cache_dir = tmp_path / case  # and one problem per case: no trace is shared
-        cache = tuning.cache_for(str(cache_dir), "cpu", jaxdnn.__version__)
+        cache = cache_lib.cache_for(str(cache_dir), "conv", "cpu", jaxdnn.__version__)
         with monkeypatch.context() as m:
             if case == "read_only_dir":  # root ignores chmod, so the OS calls fail instead
                 def refuse(*args, **kwargs):
                     raise PermissionError(13, "Permission denied", str(cache_dir))
-                m.setattr(tuning.os, "makedirs", refuse)
-                m.setattr(tuning.tempfile, "mkstemp", refuse)
+                m.setattr(cache_lib.os, "makedirs", refuse)
+                m.setattr(cache_lib.tempfile, "mkstemp", refuse)
             elif case == "cache_dir_is_a_file":
                 cache_dir.write_text("not a directory")
             else:
@@ -73,7 +77,7 @@ def test_unwritable_cache_warns_once_and_runs_uncached(tmp_path, monkeypatch):
 
     # A writer killed between mkstemp and os.replace leaves a *.tmp: the next writer removes
     # this cache's old ones, and nothing else.
-    cache = tuning.TuningCache(str(tmp_path), "cpu", "v-test", device="dev")
+    cache = cache_lib.TuningCache(str(tmp_path), "conv", "cpu", "v-test", device="dev")
     name = os.path.basename(cache.path)
     stale, fresh, foreign = (tmp_path / f"{name}.dead1234.tmp", tmp_path / f"{name}.live5678.tmp",
                              tmp_path / "someone-else.tmp")
@@ -128,24 +132,24 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize("entry", MALFORMED, ids=range(len(MALFORMED)))
-def test_malformed_cache_entry_is_measured_again(entry, tmp_path):
+def test_malformed_cache_entry_is_measured_again(entry, tmp_path, monkeypatch):
     # item 3: a well-formed file with a malformed entry must not raise KeyError while tracing.
-    spec = jaxdnn.conv_problem(jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32),
-                               jax.ShapeDtypeStruct((3, 3, 4, 8), jnp.float32), padding=1).spec
-    f32 = np.dtype(np.float32)
-    key = algo.problem_key(spec, "fwd", f32, f32)
-    cache = tuning.TuningCache(str(tmp_path), "cpu", jaxdnn.__version__)
+    problem = jaxdnn.conv_problem(jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32),
+                                  jax.ShapeDtypeStruct((3, 3, 4, 8), jnp.float32), padding=1)
+    problem = dataclasses.replace(problem, policy=(True, False, -1))
+    key = conv_sel.FAMILY.key(problem)
+    cache = cache_lib.TuningCache(str(tmp_path), "conv", "cpu", jaxdnn.__version__)
     with open(cache.path, "w") as f:
-        json.dump({"format": tuning.FORMAT, "jaxdnn": jaxdnn.__version__,
+        json.dump({"format": cache_lib.FORMAT, "jaxdnn": jaxdnn.__version__,
                    "device": cache.device, "entries": {key: entry}}, f)
     measured = [dict(name="direct", ok=True, time_s=1e-3, error=0.0, reason="",
                      workspace_bytes=0, deterministic=True),
                 dict(name="im2col_gemm", ok=True, time_s=2e-3, error=0.0, reason="",
                      workspace_bytes=0, deterministic=True)]
+    monkeypatch.setattr(conv_sel.FAMILY, "find", lambda problem, platform: measured)
     with jaxdnn.config(cache_dir=str(tmp_path)):
         with pytest.warns(RuntimeWarning, match="malformed entry"):
-            c = algo.select_conv_algorithm(spec, "fwd", f32, f32, "cpu", None,
-                                           (True, False, -1), lambda *a: measured)
+            c = core.choose(conv_sel.FAMILY, problem, "cpu")
     assert (c.name, c.reason) == ("direct", "benchmark (measured)")
     assert json.loads(open(cache.path).read())["entries"][key] == measured  # overwritten
 
@@ -222,7 +226,7 @@ def test_find_repeats_is_validated():
     assert all(np.isfinite(r.time_s) for r in results if r.ok)
     # The timer behind every find (softmax's too) checks it as well.
     with pytest.raises(ValueError, match="`repeats`"):
-        algo.time_jitted(jnp.negative, [(jnp.ones(3),)], 0)
+        core.time_jitted(jnp.negative, [(jnp.ones(3),)], 0)
 
 
 def test_small_ones():

@@ -17,6 +17,7 @@ from jax import lax
 
 import jaxdnn
 from jaxdnn.ops import conv as conv_ops
+from jaxdnn.selection import conv as conv_sel
 
 from problems import KERNEL_GRID
 from util import (assert_close, by_base, has_gpu, needs_cuda_module, needs_gpu, rand,
@@ -46,7 +47,7 @@ def _operands(problem, rng, dtype):
 
 def _run(name, problem, a, b, device, out_dtype=None):
     out_dtype = problem.out_dtype if out_dtype is None else out_dtype
-    fn = conv_ops._run_algorithm(name, problem.direction, problem.spec, out_dtype)
+    fn = conv_sel._run_algorithm(name, problem.direction, problem.spec, out_dtype)
     return fn(jax.device_put(a, device), jax.device_put(b, device))
 
 

@@ -154,9 +154,9 @@ def test_conv_api_and_workspace():
     spec = jaxdnn.ConvSpec(lhs_shape=(2, 1, 10, 10, 8), rhs_shape=(1, 3, 3, 8, 16),
                            stride=(1, 2, 2), padding=((0, 0), (1, 1), (1, 1)),
                            lhs_dilation=(1, 1, 1), rhs_dilation=(1, 1, 1), groups=1)
+    f32 = np.dtype("float32")
     for direction in ("fwd", "bwd_data", "bwd_filter"):
-        infos = jaxdnn.algo.conv_algorithms(spec, direction, np.dtype("float32"),
-                                            np.dtype("float32"), "cpu")
+        infos = jaxdnn.conv_algorithms(jaxdnn.ConvProblem(direction, spec, f32, f32), "cpu")
         info = {a.name: a for a in infos}[ALGO]
         assert info.supported and info.deterministic and info.workspace_bytes > 0
         assert info.rank == 0  # the CPU heuristic's first choice for this size

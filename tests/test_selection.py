@@ -3,6 +3,7 @@ explain. Fake registries and timings make the logic testable without a GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,10 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import jaxdnn
-from jaxdnn import _config, algo, tuning
-from jaxdnn.ops import conv as conv_mod
+from jaxdnn import _config
+from jaxdnn.selection import cache, core
+from jaxdnn.selection import conv as conv_sel
+from jaxdnn.selection import explain as explain_lib
+from jaxdnn.selection import softmax as softmax_sel
 
 from util import needs_cuda_module, needs_gpu
 
@@ -28,22 +33,23 @@ SPEC = jaxdnn.conv_problem(jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32),
 
 def fake_registry(monkeypatch, entries):
     """Replaces the compiled registry with `entries`: (name, supported, ws, deterministic)."""
-    def fake(spec, direction, in_dtype, out_dtype, platform, variants=True):
-        return [algo.AlgoInfo(name=n, direction=direction, platform=platform, supported=s,
-                              reason="" if s else "not for this problem", workspace_bytes=ws,
-                              deterministic=d, tensor_cores=False, rank=i if s else None,
-                              base=n)
+    def fake(problem, platform, variants=True):
+        return [core.AlgoInfo(name=n, direction=problem.direction, platform=platform,
+                              supported=s, reason="" if s else "not for this problem",
+                              workspace_bytes=ws, deterministic=d, tensor_cores=False,
+                              rank=i if s else None, base=n)
                 for i, (n, s, ws, d) in enumerate(entries)]
-    monkeypatch.setattr(algo, "conv_algorithms", fake)
+    monkeypatch.setattr(conv_sel, "conv_algorithms", fake)
 
 
 ENTRIES = [("fast_nondet", True, 1 << 20, False), ("medium", True, 4096, True),
            ("direct", True, 0, True), ("unsupported", False, 0, True)]
 
 
-def select(policy=(False, False, -1), forced=None, finder=None):
-    return algo.select_conv_algorithm(SPEC, "fwd", np.float32, np.float32, "cpu", forced, policy,
-                                      finder)
+def select(policy=(False, False, -1), forced=None):
+    f32 = np.dtype(np.float32)
+    return core.choose(conv_sel.FAMILY, conv_sel.ConvProblem("fwd", SPEC, f32, f32, forced, policy),
+                       "cpu")
 
 
 def test_heuristic_takes_the_first_ranked(monkeypatch):
@@ -69,13 +75,13 @@ def test_gpu_heuristic_sends_3x3_bwd_filter_to_the_halo_path(x, w, pad, dtype, d
                                                               first, monkeypatch):
     spec = jaxdnn.conv_problem(jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype),
                                padding=pad).spec
-    monkeypatch.setattr(algo, "_hopper", lambda: True)
-    order = algo._cuda_preference(direction, spec, np.dtype(dtype), depthwise=False)
+    monkeypatch.setattr(conv_sel, "_hopper", lambda: True)
+    order = conv_sel._cuda_preference(direction, spec, np.dtype(dtype), depthwise=False)
     assert order[0] == first
     # Other GPUs have no halo path: implicit_gemm_splitk would gather per tap there.
-    monkeypatch.setattr(algo, "_hopper", lambda: False)
-    assert algo._cuda_preference(direction, spec, np.dtype(dtype),
-                                 depthwise=False)[0] == "implicit_precomp_gemm"
+    monkeypatch.setattr(conv_sel, "_hopper", lambda: False)
+    assert conv_sel._cuda_preference(direction, spec, np.dtype(dtype),
+                                     depthwise=False)[0] == "implicit_precomp_gemm"
 
 
 @pytest.mark.parametrize("x, w, dtype, precision, direction, first", [
@@ -91,11 +97,13 @@ def test_gpu_heuristic_7x7_im2col_or_fft(x, w, dtype, precision, direction, firs
                                          monkeypatch):
     spec = jaxdnn.conv_problem(jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype),
                                padding=3, precision=precision).spec
-    monkeypatch.setattr(algo, "_hopper", lambda: True)
-    assert algo._cuda_preference(direction, spec, np.dtype(dtype), depthwise=False)[0] == first
+    monkeypatch.setattr(conv_sel, "_hopper", lambda: True)
+    assert conv_sel._cuda_preference(direction, spec, np.dtype(dtype),
+                                     depthwise=False)[0] == first
     # Without Hopper's im2col mode the GEMMs gather through tables: the FFT leads.
-    monkeypatch.setattr(algo, "_hopper", lambda: False)
-    assert algo._cuda_preference(direction, spec, np.dtype(dtype), depthwise=False)[0] == "fft"
+    monkeypatch.setattr(conv_sel, "_hopper", lambda: False)
+    assert conv_sel._cuda_preference(direction, spec, np.dtype(dtype),
+                                     depthwise=False)[0] == "fft"
 
 
 def test_deterministic_and_workspace_limits(monkeypatch):
@@ -121,29 +129,31 @@ def test_forced_errors(monkeypatch):
         select((False, True, -1), forced="fast_nondet")
 
 
-def fake_finder(times, calls=None):
-    def finder(spec, direction, in_dtype, out_dtype, platform):
+def fake_finder(monkeypatch, times, calls=None):
+    """Makes the conv family's find return `times` ({name: seconds, or None for a wrong
+    result}), and record each call's direction in `calls`."""
+    def finder(problem, platform):
         if calls is not None:
-            calls.append(direction)
+            calls.append(problem.direction)
         return [dict(name=n, time_s=t, ok=t is not None, error=0.0, reason="",
                      workspace_bytes=0, deterministic=True) if t is not None else
                 dict(name=n, time_s=float("inf"), ok=False, error=1.0, reason="wrong result",
                      workspace_bytes=0, deterministic=True) for n, t in times.items()]
-    return finder
+    monkeypatch.setattr(conv_sel.FAMILY, "find", finder)
 
 
 def test_benchmark_mode_picks_the_fastest_and_caches(monkeypatch, tmp_path):
     fake_registry(monkeypatch, ENTRIES)
     calls = []
-    finder = fake_finder({"fast_nondet": 3e-3, "medium": 1e-3, "direct": 2e-3}, calls)
+    fake_finder(monkeypatch, {"fast_nondet": 3e-3, "medium": 1e-3, "direct": 2e-3}, calls)
     with jaxdnn.config(cache_dir=str(tmp_path)):
-        c = select((True, False, -1), finder=finder)
+        c = select((True, False, -1))
         assert (c.name, c.reason) == ("medium", "benchmark (measured)")
-        c = select((True, False, -1), finder=finder)
+        c = select((True, False, -1))
         assert (c.name, c.reason) == ("medium", "benchmark (cached)")
         assert calls == ["fwd"]
         # The cached timings serve other policies too: the workspace limit leaves direct.
-        assert select((True, False, 0), finder=finder).name == "direct"
+        assert select((True, False, 0)).name == "direct"
         assert calls == ["fwd"]
     (path,) = tmp_path.glob("conv-cpu-*.json")
     doc = json.loads(path.read_text())
@@ -152,9 +162,9 @@ def test_benchmark_mode_picks_the_fastest_and_caches(monkeypatch, tmp_path):
 
 def test_benchmark_mode_skips_wrong_algorithms(monkeypatch, tmp_path):
     fake_registry(monkeypatch, ENTRIES)
-    finder = fake_finder({"fast_nondet": None, "medium": 2e-3, "direct": 1e-2})
+    fake_finder(monkeypatch, {"fast_nondet": None, "medium": 2e-3, "direct": 1e-2})
     with jaxdnn.config(cache_dir=str(tmp_path)):
-        assert select((True, False, -1), finder=finder).name == "medium"
+        assert select((True, False, -1)).name == "medium"
 
 
 def test_config_is_global_and_a_context_manager():
@@ -193,13 +203,137 @@ def test_policy_is_recorded_at_trace_time():
     assert p.policy == (_config.settings().benchmark, True, 0)
 
 
+# ---- the per-family interface ---------------------------------------------------------------
+
+def _conv_softmax_loss(x, w):
+    return jnp.sum(jaxdnn.log_softmax(jaxdnn.conv(x, w, padding=1), axis=-1) ** 2)
+
+
+def test_families_read_a_problem_from_each_primitive():
+    """Every primitive of the conv and softmax families, from the jaxpr of a gradient: the
+    family's problem has the direction, shapes and dtypes of the call, and other equations have
+    none."""
+    x, w = jnp.ones((2, 6, 6, 3), jnp.float32), jnp.ones((3, 3, 3, 4), jnp.float32)
+    jaxpr = jax.make_jaxpr(jax.grad(_conv_softmax_loss, argnums=(0, 1)))(x, w).jaxpr
+    seen = {}
+    for eqn in jaxpr.eqns:
+        problem = explain_lib.problem_from_eqn(eqn)
+        family = core.family_of(eqn.primitive)
+        assert (problem is None) == (family is None), eqn.primitive
+        if family is not None:
+            assert eqn.primitive in family.primitives
+            seen[eqn.primitive] = problem
+    assert set(seen) == {*conv_sel.FAMILY.primitives, *softmax_sel.FAMILY.primitives}
+    for prim in conv_sel.FAMILY.primitives:
+        p = seen[prim]
+        assert isinstance(p, jaxdnn.ConvProblem) and prim.name == f"jaxdnn_conv_{p.direction}"
+        assert p.spec.lhs_shape == (2, 1, 6, 6, 3) and p.spec.rhs_shape == (1, 3, 3, 3, 4)
+        assert p.dtype == p.out_dtype == np.float32 and p.forced_algo is None
+    fwd, bwd = (seen[prim] for prim in softmax_sel.FAMILY.primitives)
+    assert (fwd.direction, fwd.op, fwd.rows, fwd.cols) == ("fwd", "log_softmax", 72, 4)
+    assert (bwd.direction, bwd.op, bwd.rows, bwd.cols) == ("bwd", "log_softmax_vjp", 72, 4)
+    # The problem keys the family's tuning cache; the registry answers for it.
+    for family, p in ((conv_sel.FAMILY, seen[conv_sel.FAMILY.primitives[0]]),
+                      (softmax_sel.FAMILY, fwd)):
+        assert family.key(p) and family.algorithms(p, "cpu")[0].rank == 0
+
+
+def test_explain_walks_nested_jaxprs_of_every_family():
+    """Calls inside remat, scan and cond are found, for both families, in program order."""
+    x, w = jnp.ones((2, 6, 6, 3)), jnp.ones((3, 3, 3, 4))
+
+    def f(x, w):
+        y = jax.checkpoint(lambda x: jaxdnn.conv(x, w, padding=1))(x)
+        y, _ = lax.scan(lambda c, _: (jaxdnn.softmax(c), None), y, None, length=2)
+        return lax.cond(True, lambda v: jaxdnn.log_softmax(v), lambda v: v, y)
+
+    rows = jaxdnn.explain(jax.jit(f), x, w, platform="cpu")
+    assert [(type(r.problem).__name__, r.direction) for r in rows] == [
+        ("ConvProblem", "fwd"), ("SoftmaxProblem", "fwd"), ("SoftmaxProblem", "fwd")]
+    assert [r.problem.op for r in rows[1:]] == ["softmax", "log_softmax"]
+    assert all(r.reason == "heuristic" for r in rows)
+
+
+class _NegFamily:
+    """A family for jax's own neg primitive: enough to show what a new family provides."""
+
+    name = "neg_test"
+    primitives = (lax.neg_p,)
+
+    @dataclasses.dataclass(frozen=True)
+    class Problem:
+        size: int
+        direction: str = "fwd"
+        forced_algo: str | None = None
+        policy: tuple = (False, False, -1)
+
+        def describe(self):
+            return f"neg {self.size}"
+
+    def problem(self, primitive, avals, params):
+        return self.Problem(int(np.prod(avals[0].shape)))
+
+    def algorithms(self, problem, platform):
+        return [core.AlgoInfo(name=n, direction="fwd", platform=platform, supported=True,
+                              reason="", workspace_bytes=0, deterministic=True,
+                              tensor_cores=False, rank=i) for i, n in enumerate(("xla", "other"))]
+
+    def key(self, problem):
+        return str(problem.size)
+
+    def find(self, problem, platform):
+        return [dict(name="other", ok=True, time_s=1.0), dict(name="xla", ok=True, time_s=2.0)]
+
+
+def test_a_registered_family_is_explained_and_cached_in_its_own_file(monkeypatch, tmp_path):
+    monkeypatch.setattr(core, "_families", dict(core._families))
+    monkeypatch.setattr(core, "_by_primitive", dict(core._by_primitive))
+    core.register_family(_NegFamily())
+    with pytest.raises(ValueError, match="'neg_test' is registered"):
+        core.register_family(_NegFamily())
+    f = lambda x: -jaxdnn.softmax(x)  # noqa: E731
+    rows = jaxdnn.explain(f, jnp.ones((4, 8), jnp.float32), platform="cpu")
+    assert [(r.summary(), r.algo, r.reason) for r in rows] == [
+        ("softmax fwd  softmax 4x8 float32", "rows", "heuristic"),
+        ("neg 32", "xla", "heuristic")]
+    family = core.family_of(lax.neg_p)
+    with jaxdnn.config(cache_dir=str(tmp_path)):
+        problem = dataclasses.replace(family.problem(lax.neg_p, [jnp.ones(5)], {}),
+                                      policy=(True, False, -1))
+        assert core.choose(family, problem, "cpu").name == "other"
+    assert [p.name.split("-")[0] for p in tmp_path.glob("*.json")] == ["neg_test"]
+
+
+def test_one_cache_file_per_family_and_device(monkeypatch, tmp_path):
+    """Benchmark results of two families land in two files, and another device's in a third."""
+    infos = [core.AlgoInfo(name=n, direction="fwd", platform="cpu", supported=True, reason="",
+                           workspace_bytes=0, deterministic=True, tensor_cores=False, rank=i)
+             for i, n in enumerate(("a", "b"))]
+    measured = [dict(name="b", ok=True, time_s=1.0), dict(name="a", ok=True, time_s=2.0)]
+    monkeypatch.setattr(cache, "device_identity", lambda platform: "Some CPU x2")
+    with jaxdnn.config(cache_dir=str(tmp_path)):
+        for op in ("conv", "softmax"):
+            c = core.select_algorithm(op, "fwd", infos, "cpu", None, (True, False, -1),
+                                      key=f"{op} problem", find=lambda: measured)
+            assert (c.name, c.reason) == ("b", "benchmark (measured)")
+    other = cache.TuningCache(str(tmp_path), "conv", "cpu", jaxdnn.__version__,
+                              device="Other CPU x8")
+    other.put("conv problem", measured)
+    docs = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert sorted(docs) == ["conv-cpu-Other_CPU_x8.json", "conv-cpu-Some_CPU_x2.json",
+                            "softmax-cpu-Some_CPU_x2.json"]
+    assert list(docs["conv-cpu-Some_CPU_x2.json"]["entries"]) == ["conv problem"]
+    assert list(docs["softmax-cpu-Some_CPU_x2.json"]["entries"]) == ["softmax problem"]
+    assert docs["conv-cpu-Other_CPU_x8.json"]["device"] == "Other CPU x8"
+
+
 # ---- the cache file --------------------------------------------------------------------------
 
 def test_cache_survives_processes_and_concurrent_writers(tmp_path):
     script = textwrap.dedent(f"""
         import sys
-        from jaxdnn import tuning
-        c = tuning.TuningCache({str(tmp_path)!r}, "cpu", "v-test", device="dev")
+        from jaxdnn.selection import cache
+        c = cache.TuningCache({str(tmp_path)!r}, "conv", "cpu", "v-test", device="dev")
         for i in range(20):
             c.put(f"{{sys.argv[1]}}-{{i}}", [dict(name="a", time_s=float(i))])
     """)
@@ -207,7 +341,7 @@ def test_cache_survives_processes_and_concurrent_writers(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", script, f"w{k}"], cwd=tmp_path)
              for k in range(4)]
     assert all(p.wait(timeout=120) == 0 for p in procs)
-    fresh = tuning.TuningCache(str(tmp_path), "cpu", "v-test", device="dev")
+    fresh = cache.TuningCache(str(tmp_path), "conv", "cpu", "v-test", device="dev")
     for k in range(4):
         for i in range(20):
             assert fresh.get(f"w{k}-{i}") == [dict(name="a", time_s=float(i))]
@@ -221,7 +355,7 @@ def test_cache_survives_processes_and_concurrent_writers(tmp_path):
     (json.dumps([1, 2]), "malformed"),
 ])
 def test_corrupt_or_foreign_cache_is_rebuilt(tmp_path, content, match):
-    c = tuning.TuningCache(str(tmp_path), "cpu", "v-test", device="dev")
+    c = cache.TuningCache(str(tmp_path), "conv", "cpu", "v-test", device="dev")
     with open(c.path, "w") as f:
         f.write(content)
     with pytest.warns(RuntimeWarning, match=match):
@@ -234,7 +368,7 @@ def test_corrupt_or_foreign_cache_is_rebuilt(tmp_path, content, match):
 
 
 def test_cache_file_name_carries_the_device(tmp_path):
-    c = tuning.TuningCache(str(tmp_path), "cuda", "v", device="NVIDIA H200 sm_90")
+    c = cache.TuningCache(str(tmp_path), "conv", "cuda", "v", device="NVIDIA H200 sm_90")
     assert os.path.basename(c.path) == "conv-cuda-NVIDIA_H200_sm_90.json"
 
 
@@ -267,14 +401,14 @@ def test_find_on_the_gpu_times_with_cuda_events(dtype):
 
 def test_find_rejects_a_wrong_algorithm(monkeypatch):
     """An injected algorithm that is 1% off is measured but rejected, never chosen."""
-    real = conv_mod._run_algorithm
+    real = conv_sel._run_algorithm
     fake_registry(monkeypatch, [("broken", True, 0, True), ("direct", True, 0, True)])
 
     def run(name, direction, spec, out_dtype):
         fn = real("direct", direction, spec, out_dtype)
         return (lambda a, b: fn(a, b) * 1.01) if name == "broken" else fn
 
-    monkeypatch.setattr(conv_mod, "_run_algorithm", run)
+    monkeypatch.setattr(conv_sel, "_run_algorithm", run)
     p = jaxdnn.conv_problem(jax.ShapeDtypeStruct((1, 6, 6, 2), jnp.float32),
                             jax.ShapeDtypeStruct((3, 3, 2, 2), jnp.float32), padding=1)
     results = {r.name: r for r in jaxdnn.find_conv_algorithms(p, "cpu", repeats=1)}
@@ -372,17 +506,17 @@ def atomic_fastest(monkeypatch):
     others in heuristic order behind it (as on the GPU, where it often wins bwd_filter)."""
     calls = []
 
-    def finder(spec, direction, dtype, out_dtype, platform):
-        calls.append((direction, platform))
-        infos = algo.conv_algorithms(spec, direction, dtype, out_dtype, platform)
+    def finder(problem, platform):
+        calls.append((problem.direction, platform))
+        infos = conv_sel.conv_algorithms(problem, platform)
         return [dict(name=a.name, time_s=1e-6 if a.name == ATOMIC else 1e-3 * (1 + a.rank),
                      ok=True, error=0.0, reason="", workspace_bytes=a.workspace_bytes,
                      deterministic=a.deterministic, timer="cuda events")
                 for a in infos if a.supported]
 
-    monkeypatch.setattr(conv_mod, "_find_for_selection", finder)
+    monkeypatch.setattr(conv_sel.FAMILY, "find", finder)
     # The tuning cache's file is named after the device, which needs no GPU here.
-    monkeypatch.setattr(tuning, "device_identity", lambda platform: f"injected {platform}")
+    monkeypatch.setattr(cache, "device_identity", lambda platform: f"injected {platform}")
     return calls
 
 

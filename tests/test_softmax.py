@@ -13,6 +13,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jaxdnn
+from jaxdnn.selection import softmax as softmax_sel
 from util import DTYPES, PLATFORMS, assert_close, needs_cuda_module, needs_gpu, on, rand
 
 FUNCS = {"softmax": (jaxdnn.softmax, jax.nn.softmax),
@@ -209,10 +210,10 @@ def test_cuda_lowering():
         assert "jaxdnn_softmax_fwd" in text and "jaxdnn_softmax_bwd" in text, name
 
 
-# ---- the algorithm registry and selection (jaxdnn/algo.py, as for conv) -----------------------
+# ---- the algorithm registry and selection (jaxdnn/selection, as for conv) ---------------------
 
 def _problem(rows, cols, dtype=jnp.float32, direction="fwd", op="softmax", algo=None):
-    return jaxdnn.ops.softmax.SoftmaxProblem(direction, op, rows, cols, np.dtype(dtype), algo)
+    return softmax_sel.SoftmaxProblem(direction, op, rows, cols, np.dtype(dtype), algo)
 
 
 def test_cpu_registry_and_forced_errors():

@@ -13,13 +13,16 @@ Each is bilinear and its transposes are the other two, so ``grad``, ``jvp``, ``j
 ``batch_group_count`` and ``preferred_element_type`` into this form with transposes and
 reshapes (free when the caller already uses channels-last), and check every argument at trace
 time so bad input raises a ``ValueError``/``TypeError`` naming the argument.
+
+Each primitive carries ``algo`` (the algorithms forced by the caller, per direction) and
+``policy`` (the jaxdnn.config policy at trace time); its lowering rule chooses the algorithm
+(jaxdnn/selection: the conv family in ``selection/conv.py``) and names it in the custom call.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
-import time
 from collections.abc import Sequence
 from functools import partial
 
@@ -31,10 +34,10 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 
 from .. import _checks, _ffi
-from .. import algo as algo_lib
 from .. import _config as config_lib
-from ..algo import DIRECTIONS, select_conv_algorithm
-from . import softmax as softmax_ops
+from ..selection import core as selection
+
+DIRECTIONS = ("fwd", "bwd_data", "bwd_filter")
 
 _CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
 _CHANNELS_FIRST = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
@@ -105,10 +108,9 @@ def _abstract_eval(direction, a, b, *, spec, algo, out_dtype, policy):
 
 
 def _conv_attrs(direction):
-    def attrs(platform, ctx, *, spec, algo, out_dtype, policy):
-        choice = select_conv_algorithm(spec, direction, ctx.avals_in[0].dtype, out_dtype,
-                                       platform, algo[DIRECTIONS.index(direction)], policy,
-                                       finder=_find_for_selection)
+    def attrs(platform, ctx, **params):
+        choice = selection.choose_for_call(_PRIMS[direction], ctx.avals_in, params, platform)
+        spec = params["spec"]
         return dict(stride=spec.stride, pad_lo=[lo for lo, _ in spec.padding],
                     pad_hi=[hi for _, hi in spec.padding], lhs_dilation=spec.lhs_dilation,
                     rhs_dilation=spec.rhs_dilation, groups=spec.groups, tf32=spec.tf32,
@@ -641,226 +643,3 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
         perm[lhs_spec[2 + i]] = 1 + i
     return jnp.transpose(y, perm)
 
-
-# ----------------------------------------------------------------------------------------------
-# Problems, algorithm queries, find and explain
-# ----------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class ConvProblem:
-    """One convolution as the kernels see it: direction, canonical spec, dtypes, the algorithm
-    forced by the caller (None: chosen by the library) and the jaxdnn.config policy in force
-    when it was traced, as (benchmark, deterministic, workspace_limit or -1)."""
-
-    direction: str
-    spec: ConvSpec
-    dtype: np.dtype
-    out_dtype: np.dtype
-    forced_algo: str | None = None
-    policy: tuple[bool, bool, int] = (False, False, -1)
-
-    def describe(self) -> str:
-        s = self.spec
-        return (f"conv {self.direction:10s} x{s.lhs_shape} w{s.rhs_shape} stride{s.stride} "
-                f"groups={s.groups} {self.dtype.name}->{self.out_dtype.name}"
-                + (" tf32" if s.tf32 else ""))
-
-    def choose(self, platform: str) -> algo_lib.Choice:
-        return select_conv_algorithm(self.spec, self.direction, self.dtype, self.out_dtype,
-                                     platform, self.forced_algo, self.policy,
-                                     finder=_find_for_selection)
-
-
-def _op_problem(eqn):
-    """The ConvProblem or SoftmaxProblem of a jaxpr equation, or None for other primitives."""
-    p = eqn.params
-    for direction, prim in _PRIMS.items():
-        if eqn.primitive is prim:
-            return ConvProblem(direction, p["spec"], np.dtype(eqn.invars[0].aval.dtype),
-                               np.dtype(p["out_dtype"]), p["algo"][DIRECTIONS.index(direction)],
-                               p["policy"])
-    if eqn.primitive is softmax_ops.softmax_fwd_p:
-        return softmax_ops._problem("fwd", eqn.invars[0].aval,
-                                    "log_softmax" if p["log"] else "softmax", p["algo"],
-                                    p["policy"])
-    if eqn.primitive is softmax_ops.softmax_bwd_p:
-        return softmax_ops._problem("bwd", eqn.invars[0].aval, p["kind"], p["algo"], p["policy"])
-    return None
-
-
-def _walk_jaxpr(jaxpr, found):
-    for eqn in jaxpr.eqns:
-        problem = _op_problem(eqn)
-        if problem is not None:
-            found.append(problem)
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):  # ClosedJaxpr
-                    _walk_jaxpr(sub.jaxpr, found)
-                elif hasattr(sub, "eqns"):  # Jaxpr
-                    _walk_jaxpr(sub, found)
-
-
-def _problems(fn, *args, **kwargs) -> list:
-    found: list = []
-    _walk_jaxpr(jax.make_jaxpr(partial(fn, **kwargs))(*args).jaxpr, found)
-    return found
-
-
-def conv_problems(fn, *args, **kwargs) -> list[ConvProblem]:
-    """Every jaxdnn convolution that ``fn(*args, **kwargs)`` performs (forward and, if `fn`
-    differentiates, backward directions), found by tracing it."""
-    return [p for p in _problems(fn, *args, **kwargs) if isinstance(p, ConvProblem)]
-
-
-def conv_problem(x, w, **conv_kwargs) -> ConvProblem:
-    """The forward problem of ``jaxdnn.conv(x, w, **conv_kwargs)``; x and w may be arrays or
-    ``jax.ShapeDtypeStruct``s."""
-    (problem,) = conv_problems(partial(conv, **conv_kwargs), x, w)
-    return problem
-
-
-def conv_algorithms(problem: ConvProblem, platform: str | None = None):
-    """"Get": every registered algorithm for `problem` on `platform` ("cpu" or "cuda";
-    default: the default backend), with applicability, reason, workspace, determinism,
-    tensor-core use and the heuristic's rank (0 = the heuristic's choice). Unsupported
-    algorithms come last."""
-    return algo_lib.conv_algorithms(problem.spec, problem.direction, problem.dtype,
-                                    problem.out_dtype, algo_lib.platform_name(platform))
-
-
-@dataclasses.dataclass(frozen=True)
-class FindResult:
-    """One algorithm's measurement by :func:`find_conv_algorithms`."""
-
-    name: str
-    time_s: float  # median seconds per call; inf when it did not run or was rejected
-    ok: bool       # ran and agreed with the oracle
-    error: float   # relative L2 error against the oracle (nan when it did not run)
-    reason: str    # why it was rejected or not run
-    workspace_bytes: int
-    deterministic: bool
-    timer: str = ""  # "cuda events" or "wall clock"; empty when it did not run
-
-
-# Relative L2 error an algorithm may show against the direct oracle, by output dtype.
-_FIND_TOL = {np.dtype(jnp.float64): 1e-9, np.dtype(jnp.float32): 1e-4,
-             np.dtype(jnp.float16): 2e-2, np.dtype(jnp.bfloat16): 2e-2}
-_FIND_TOL_TF32 = 5e-3  # float32 problems whose precision allows TF32
-
-
-def _run_algorithm(name, direction, spec, out_dtype):
-    """A jitted function running one direction of `spec` with algorithm `name` forced (find's
-    unit of work; tests replace it to inject a wrong algorithm)."""
-    forced = tuple(name if d == direction else None for d in DIRECTIONS)
-    return jax.jit(lambda a, b: _bind(direction, a, b, spec=spec, algo=forced,
-                                      out_dtype=out_dtype, policy=(False, False, -1)))
-
-
-def _rel_l2(out, ref) -> float:
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    den = np.linalg.norm(ref)
-    num = np.linalg.norm(out - ref)
-    return float(num / den) if den > 0 else float(num)
-
-
-def _find(spec, direction, dtype, out_dtype, platform, *, repeats=5, seed=0):
-    dev = jax.devices("gpu" if platform == "cuda" else "cpu")[0]
-    a_shape, b_shape, _ = _shapes(direction, spec)
-    rng = np.random.default_rng(seed)
-    nbytes = (np.prod(a_shape) + np.prod(b_shape)) * np.dtype(dtype).itemsize
-    rotate = int(min(8, max(2, 3 * (60 << 20) // max(nbytes, 1)))) if platform == "cuda" else 2
-    inputs = [tuple(jax.device_put(rng.standard_normal(s).astype(dtype), dev)
-                    for s in (a_shape, b_shape)) for _ in range(rotate)]
-    ref = _run_algorithm("direct", direction, spec, out_dtype)(*inputs[0])
-    results = []
-    for info in algo_lib.conv_algorithms(spec, direction, dtype, out_dtype, platform):
-        base = dict(name=info.name, workspace_bytes=info.workspace_bytes,
-                    deterministic=info.deterministic)
-        if not info.supported:
-            results.append(FindResult(time_s=float("inf"), ok=False, error=float("nan"),
-                                      reason=info.reason, **base))
-            continue
-        fn = _run_algorithm(info.name, direction, spec, out_dtype)
-        err = _rel_l2(fn(*inputs[0]), ref)
-        tol = _FIND_TOL_TF32 if spec.tf32 else _FIND_TOL[np.dtype(out_dtype)]
-        if not err <= tol:
-            results.append(FindResult(time_s=float("inf"), ok=False, error=err,
-                                      reason=f"wrong result: relative error {err:.2e}", **base))
-            continue
-        seconds, timer = _time_algorithm(info.name, fn, direction, spec, dtype, out_dtype,
-                                         platform, inputs, repeats)
-        results.append(FindResult(time_s=seconds, ok=True, error=err, reason="", timer=timer,
-                                  **base))
-    return sorted(results, key=lambda r: (not r.ok, r.time_s, r.name))
-
-
-def _time_algorithm(name, fn, direction, spec, dtype, out_dtype, platform, inputs, repeats):
-    """(median seconds per call, how it was timed). On the GPU: device time between CUDA
-    events, on a stream and buffers of the algorithm's own (jaxdnn._cuda.time_conv_algorithm),
-    as cuDNN's find does. Elsewhere, or when there is no free memory for those buffers: wall
-    clock of back-to-back jitted calls over rotating inputs."""
-    if platform == "cuda":
-        try:
-            ms = _ffi.module_for("cuda").time_conv_algorithm(
-                DIRECTIONS.index(direction), spec.encode(), str(np.dtype(dtype)),
-                str(np.dtype(out_dtype)), name, repeats)
-            return float(np.median(ms)) / 1e3, "cuda events"
-        except RuntimeError:
-            pass
-    return algo_lib.time_jitted(fn, inputs, repeats), "wall clock"
-
-
-def find_conv_algorithms(problem: ConvProblem, platform: str | None = None, *,
-                         repeats: int = 5) -> list[FindResult]:
-    """"Find": runs every applicable algorithm for `problem` on the current device of
-    `platform`, checks each result against the direct oracle (rejecting wrong answers) and
-    times it (median of `repeats` runs over rotating inputs); fastest first."""
-    repeats = _checks.positive_int(repeats, "repeats", "jaxdnn.find_conv_algorithms")
-    return _find(problem.spec, problem.direction, problem.dtype, problem.out_dtype,
-                 algo_lib.platform_name(platform), repeats=repeats)
-
-
-def _find_for_selection(spec, direction, dtype, out_dtype, platform):
-    """Benchmark mode's finder: plain dicts, as stored in the tuning cache."""
-    return [dataclasses.asdict(r) for r in _find(spec, direction, dtype, out_dtype, platform)]
-
-
-@dataclasses.dataclass(frozen=True)
-class Explanation:
-    """What one jaxdnn kernel call (a convolution direction or a softmax) in a traced function
-    runs, and why."""
-
-    direction: str
-    problem: object  # ConvProblem or SoftmaxProblem
-    algo: str
-    reason: str
-    workspace_bytes: int
-
-    def summary(self) -> str:
-        return self.problem.describe()
-
-
-class Explained(list):
-    """A list of Explanation with a readable table as its str()."""
-
-    def __str__(self) -> str:
-        lines = [f"{'algorithm':22s} {'workspace':>10s}  problem / reason"]
-        for e in self:
-            lines.append(f"{e.algo:22s} {e.workspace_bytes:10d}  {e.summary()}\n"
-                         f"{'':34s}{e.reason}")
-        return "\n".join(lines)
-
-
-def explain(fn, *args, platform: str | None = None, **kwargs) -> Explained:
-    """Lists every jaxdnn convolution and softmax in ``fn(*args, **kwargs)`` (traced as
-    ``jax.jit`` would) with the algorithm that runs on `platform`, why (heuristic, cached or
-    measured benchmark, forced, and what the deterministic / workspace policy excluded) and its
-    workspace."""
-    plat = algo_lib.platform_name(platform)
-    out = Explained()
-    for p in _problems(fn, *args, **kwargs):
-        choice = p.choose(plat)
-        out.append(Explanation(p.direction, p, choice.name, choice.describe(),
-                               choice.workspace_bytes))
-    return out

@@ -16,17 +16,16 @@ moved last (and several axes merged into one) with a transpose and a reshape aro
 
 Both primitives carry ``algo`` (an algorithm forced by the caller, or None) and ``policy`` (the
 jaxdnn.config policy at trace time); the algorithm is chosen from the platform's registry at
-lowering time (jaxdnn/algo.py: heuristic, forced or benchmark) and named in the custom call,
-as for convolutions. The GPU registers "rows" (the row in registers, one HBM read) and
-"online" (any row length); the CPU has one kernel.
+lowering time (jaxdnn/selection, whose softmax family is ``selection/softmax.py``: heuristic,
+forced or benchmark) and named in the custom call, as for convolutions. The GPU registers
+"rows" (the row in registers, one HBM read) and "online" (any row length); the CPU has one
+kernel.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
@@ -34,9 +33,9 @@ from jax.interpreters import ad, batching
 
 from .. import _checks, _ffi
 from .. import _config as config_lib
-from .. import algo as algo_lib
+from ..selection import core as selection
 
-__all__ = ["log_softmax", "softmax", "softmax_algorithms"]
+__all__ = ["log_softmax", "softmax"]
 
 # Codes of the backward kernel (cc/softmax/softmax.h: Linear), and each map's transpose.
 _KINDS = ("softmax", "log_softmax_vjp", "log_softmax_jvp")
@@ -61,121 +60,24 @@ def _bwd_abstract_eval(y, c, *, kind, algo, policy):
     return ShapedArray(y.shape, y.dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class SoftmaxProblem:
-    """One softmax kernel call: `direction` "fwd" (op "softmax" / "log_softmax") or "bwd" (op
-    = the backward map), over `rows` rows of `cols` elements."""
-
-    direction: str
-    op: str
-    rows: int
-    cols: int
-    dtype: np.dtype
-    forced_algo: str | None = None
-    policy: tuple[bool, bool, int] = (False, False, -1)
-
-    def describe(self) -> str:
-        return f"softmax {self.direction:4s} {self.op} {self.rows}x{self.cols} {self.dtype.name}"
-
-    def key(self) -> str:
-        return f"softmax|{self.direction}|{self.op}|{self.rows}x{self.cols}|{self.dtype.name}"
-
-    def choose(self, platform: str) -> algo_lib.Choice:
-        return algo_lib.select_algorithm(
-            "softmax", self.direction, softmax_algorithms(self, platform), platform,
-            self.forced_algo, self.policy, self.key(), lambda: _find(self, platform))
-
-
-def softmax_algorithms(problem: SoftmaxProblem, platform: str | None = None):
-    """"Get" for softmax: the registry of `platform` with applicability, in preference order."""
-    platform = algo_lib.platform_name(platform)
-    raw = _ffi.module_for(platform).softmax_algorithms(problem.rows, problem.cols,
-                                                        str(problem.dtype))
-    return algo_lib.registry_infos(raw, problem.direction, platform)
-
-
-def _problem(direction, aval, op, algo, policy) -> SoftmaxProblem:
-    cols = aval.shape[-1]
-    rows = int(np.prod(aval.shape[:-1]))
-    return SoftmaxProblem(direction, op, rows, cols, np.dtype(aval.dtype), algo, policy)
-
-
 # The choice is made (and a forced algorithm checked) on every platform; the CPU handler has
 # one kernel, so only the GPU's custom call names it.
-def _fwd_attrs(platform, ctx, *, log, algo, policy):
-    p = _problem("fwd", ctx.avals_in[0], "log_softmax" if log else "softmax", algo, policy)
-    name = p.choose(platform).name
+def _fwd_attrs(platform, ctx, **params):
+    name = selection.choose_for_call(softmax_fwd_p, ctx.avals_in, params, platform).name
+    log = params["log"]
     return dict(log=log) if platform == "cpu" else dict(log=log, algo=name)
 
 
-def _bwd_attrs(platform, ctx, *, kind, algo, policy):
-    p = _problem("bwd", ctx.avals_in[0], kind, algo, policy)
-    name = p.choose(platform).name
-    return dict(kind=_KINDS.index(kind)) if platform == "cpu" else dict(kind=_KINDS.index(kind),
-                                                                          algo=name)
+def _bwd_attrs(platform, ctx, **params):
+    name = selection.choose_for_call(softmax_bwd_p, ctx.avals_in, params, platform).name
+    kind = _KINDS.index(params["kind"])
+    return dict(kind=kind) if platform == "cpu" else dict(kind=kind, algo=name)
 
 
 softmax_fwd_p = _ffi.define_primitive("jaxdnn_softmax_fwd", _fwd_abstract_eval,
                                       attrs=_fwd_attrs)
 softmax_bwd_p = _ffi.define_primitive("jaxdnn_softmax_bwd", _bwd_abstract_eval,
                                       attrs=_bwd_attrs)
-
-# Relative L2 error find allows against XLA's formula, by dtype.
-_FIND_TOL = {np.dtype(jnp.float64): 1e-9, np.dtype(jnp.float32): 1e-5,
-             np.dtype(jnp.float16): 1e-2, np.dtype(jnp.bfloat16): 1e-2}
-
-
-def _reference(p: SoftmaxProblem, a, b):
-    """XLA's computation of what the kernel computes (find's oracle), in float32 or wider."""
-    wide = jnp.promote_types(p.dtype, jnp.float32)
-    a32, b32 = a.astype(wide), b.astype(wide)
-    if p.op == "softmax" and p.direction == "fwd":
-        return jax.nn.softmax(a32, axis=-1)
-    if p.op == "log_softmax":
-        return jax.nn.log_softmax(a32, axis=-1)
-    if p.op == "softmax":
-        return a32 * (b32 - _row_sum(a32 * b32))
-    if p.op == "log_softmax_vjp":
-        return b32 - jnp.exp(a32) * _row_sum(b32)
-    return b32 - _row_sum(jnp.exp(a32) * b32)
-
-
-def _find(p: SoftmaxProblem, platform: str, repeats: int = 5) -> list[dict]:
-    """Times every supported algorithm for `p` (wall clock over rotating inputs) after checking
-    it against XLA; plain dicts as the tuning cache stores them."""
-    dev = jax.devices("gpu" if platform == "cuda" else "cpu")[0]
-    rng = np.random.default_rng(0)
-    shape = (p.rows, p.cols)
-    rotate = 4
-    inputs = [tuple(jax.device_put(rng.standard_normal(shape).astype(p.dtype), dev)
-                    for _ in range(2)) for _ in range(rotate)]
-    if p.direction == "bwd" and p.op.startswith("log"):  # y is a log-probability there
-        inputs = [(jax.nn.log_softmax(a.astype(jnp.promote_types(p.dtype, jnp.float32)))
-                   .astype(p.dtype), b) for a, b in inputs]
-    ref = np.asarray(_reference(p, *inputs[0]), np.float64)
-    results = []
-    for info in softmax_algorithms(p, platform):
-        base = dict(name=info.name, workspace_bytes=0, deterministic=info.deterministic)
-        if not info.supported:
-            results.append(dict(base, ok=False, time_s=float("inf"), error=float("nan"),
-                                reason=info.reason))
-            continue
-        if p.direction == "fwd":
-            fn = lambda a, b, n=info.name: softmax_fwd_p.bind(  # noqa: E731
-                a, log=p.op == "log_softmax", algo=n, policy=(False, False, -1))
-        else:
-            fn = lambda a, b, n=info.name: softmax_bwd_p.bind(  # noqa: E731
-                a, b, kind=p.op, algo=n, policy=(False, False, -1))
-        out = np.asarray(jax.jit(fn)(*inputs[0]), np.float64)
-        err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300))
-        if not err <= _FIND_TOL[p.dtype]:
-            results.append(dict(base, ok=False, time_s=float("inf"), error=err,
-                                reason=f"wrong result: relative error {err:.2e}"))
-            continue
-        results.append(dict(base, ok=True, time_s=algo_lib.time_jitted(fn, inputs, repeats),
-                            error=err, reason=""))
-    return sorted(results, key=lambda r: (not r["ok"], r["time_s"], r["name"]))
-
 
 def _row_sum(a):
     return jnp.sum(a, axis=-1, keepdims=True)

@@ -1,6 +1,8 @@
-"""The persistent benchmark cache ("find" results), keyed by device, jaxdnn version and problem.
+"""The persistent benchmark cache ("find" results), keyed by family, device, jaxdnn version
+and problem.
 
-One JSON file per (platform, device) in the cache directory::
+One JSON file per (family, platform, device) in the cache directory, named
+``<family>-<platform>-<device>.json`` (e.g. ``conv-cuda-NVIDIA_H200_sm_90.json``)::
 
     {"format": 1, "jaxdnn": "0.1.0", "device": "NVIDIA H200 sm_90",
      "entries": {"<problem key>": [{"name": ..., "time_s": ..., "ok": ..., ...}, ...]}}
@@ -25,7 +27,7 @@ import warnings
 
 import jax
 
-FORMAT = 1
+FORMAT = 2
 STALE_TMP_S = 3600  # a temporary cache file this old, found under the lock, is a dead writer's
 
 
@@ -64,17 +66,19 @@ def _file_lock(path: str):
 
 
 class TuningCache:
-    """Benchmark results for one platform/device, in memory and on disk under `directory`.
+    """Benchmark results of one family on one platform/device, in memory and on disk under
+    `directory`.
 
     The disk is an optimisation, never a requirement: when the cache file or its directory
     cannot be read or written (a read-only or missing-permission directory, a `directory`
     that is a regular file, a cache path that is a directory, a full disk), the cache warns
     once and from then on keeps results in memory only, for this process."""
 
-    def __init__(self, directory: str, platform: str, version: str, device: str | None = None):
+    def __init__(self, directory: str, family: str, platform: str, version: str,
+                 device: str | None = None):
         self.device = device or device_identity(platform)
         self.version = version
-        self.path = os.path.join(directory, f"conv-{platform}-{_slug(self.device)}.json")
+        self.path = os.path.join(directory, f"{family}-{platform}-{_slug(self.device)}.json")
         self._memory: dict[str, list[dict]] | None = None
         self._disk = True  # False once the disk has failed: memory only from then on
         self._lock = threading.Lock()
@@ -178,9 +182,10 @@ _caches: dict[tuple, TuningCache] = {}
 _caches_lock = threading.Lock()
 
 
-def cache_for(directory: str, platform: str, version: str) -> TuningCache:
-    key = (directory, platform, version)
+def cache_for(directory: str, family: str, platform: str, version: str) -> TuningCache:
+    """The process's one cache of `family` on this device of `platform`."""
+    key = (directory, family, platform, version)
     with _caches_lock:
         if key not in _caches:
-            _caches[key] = TuningCache(directory, platform, version)
+            _caches[key] = TuningCache(directory, family, platform, version)
         return _caches[key]
