@@ -25,7 +25,7 @@ from jaxdnn.selection import conv as conv_sel
 from jaxdnn.selection import explain as explain_lib
 from jaxdnn.selection import softmax as softmax_sel
 
-from util import needs_cuda_module, needs_gpu
+from util import has_gpu, needs_cuda_module, needs_gpu
 
 SPEC = jaxdnn.conv_problem(jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32),
                            jax.ShapeDtypeStruct((3, 3, 4, 8), jnp.float32), padding=1).spec
@@ -72,16 +72,13 @@ def test_heuristic_takes_the_first_ranked(monkeypatch):
     ((64, 7, 7, 64), (3, 3, 64, 64), 1, jnp.bfloat16, "fwd", "implicit_precomp_gemm"),  # 38%
 ])
 def test_gpu_heuristic_sends_3x3_bwd_filter_to_the_halo_path(x, w, pad, dtype, direction,
-                                                              first, monkeypatch):
-    spec = jaxdnn.conv_problem(jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype),
-                               padding=pad).spec
-    monkeypatch.setattr(conv_sel, "_hopper", lambda: True)
-    order = conv_sel._cuda_preference(direction, spec, np.dtype(dtype), depthwise=False)
-    assert order[0] == first
-    # Other GPUs have no halo path: implicit_gemm_splitk would gather per tap there.
-    monkeypatch.setattr(conv_sel, "_hopper", lambda: False)
-    assert conv_sel._cuda_preference(direction, spec, np.dtype(dtype),
-                                     depthwise=False)[0] == "implicit_precomp_gemm"
+                                                              first):
+    """On Hopper (the default variants' options say which fast paths apply: halo, im2col_tma);
+    elsewhere implicit_gemm_splitk would gather per tap, and implicit_precomp_gemm leads."""
+    problem = _direction_problem(x, w, dtype, direction, padding=pad)
+    assert conv_sel._cuda_preference(direction, problem.spec, np.dtype(dtype), False,
+                                     {})[0] == "implicit_precomp_gemm"
+    _assert_gpu_first(problem, first)
 
 
 @pytest.mark.parametrize("x, w, dtype, precision, direction, first", [
@@ -93,17 +90,32 @@ def test_gpu_heuristic_sends_3x3_bwd_filter_to_the_halo_path(x, w, pad, dtype, d
     ((64, 28, 28, 96), (7, 7, 96, 128), jnp.float32, None, "bwd_filter", "fft"),  # TF32
     ((64, 28, 28, 96), (7, 7, 96, 128), jnp.float32, "highest", "fwd", "fft"),  # exact
 ])
-def test_gpu_heuristic_7x7_im2col_or_fft(x, w, dtype, precision, direction, first,
-                                         monkeypatch):
-    spec = jaxdnn.conv_problem(jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype),
-                               padding=3, precision=precision).spec
-    monkeypatch.setattr(conv_sel, "_hopper", lambda: True)
-    assert conv_sel._cuda_preference(direction, spec, np.dtype(dtype),
-                                     depthwise=False)[0] == first
-    # Without Hopper's im2col mode the GEMMs gather through tables: the FFT leads.
-    monkeypatch.setattr(conv_sel, "_hopper", lambda: False)
-    assert conv_sel._cuda_preference(direction, spec, np.dtype(dtype),
-                                     depthwise=False)[0] == "fft"
+def test_gpu_heuristic_7x7_im2col_or_fft(x, w, dtype, precision, direction, first):
+    """On Hopper, where implicit_precomp_gemm reads A through TMA's im2col mode; without it the
+    GEMMs gather through tables and the FFT leads."""
+    problem = _direction_problem(x, w, dtype, direction, padding=3, precision=precision)
+    assert conv_sel._cuda_preference(direction, problem.spec, np.dtype(dtype), False,
+                                     {})[0] == "fft"
+    _assert_gpu_first(problem, first)
+
+
+def _direction_problem(x, w, dtype, direction, **kw):
+    def f(x, w):
+        y, vjp = jax.vjp(lambda x, w: jaxdnn.conv(x, w, **kw), x, w)
+        return vjp(y)
+
+    (problem,) = [p for p in jaxdnn.conv_problems(f, jax.ShapeDtypeStruct(x, dtype),
+                                                  jax.ShapeDtypeStruct(w, dtype))
+                  if p.direction == direction]
+    return problem
+
+
+def _assert_gpu_first(problem, first):
+    """The heuristic's first choice from the CUDA registry, on a Hopper GPU."""
+    if not has_gpu() or not str(jax.devices("gpu")[0].compute_capability).startswith("9"):
+        return  # the ranking above covers the facts' absence; Hopper's needs one
+    infos = conv_sel.conv_algorithms(problem, "cuda", variants=False)
+    assert infos[0].base == first, [a.name for a in infos if a.supported]
 
 
 def test_deterministic_and_workspace_limits(monkeypatch):
