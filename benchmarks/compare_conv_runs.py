@@ -1,9 +1,9 @@
 """Side-by-side jaxdnn TFLOP/s of several bench_conv_gpu.py runs (their printed logs), for the
-A/Bs of one device call: the same tree timed with and without a switch (JAXDNN_CONV_NO_WS=1,
-JAXDNN_CONV_NO_IM2COL_TMA=1, ...). XLA's own rate moves by up to 50% between runs, so the
-columns compare our kernels with each other; XLA's column is the first run's.
+A/Bs of one device call: two trees (say a commit and its parent) timed one after the other.
+XLA's own rate moves by up to 50% between runs, so the columns compare our kernels with each
+other; XLA's column is the first run's.
 
-    python benchmarks/compare_conv_runs.py base.log ws.log im2col.log
+    python benchmarks/compare_conv_runs.py base.log new.log
 """
 
 from __future__ import annotations

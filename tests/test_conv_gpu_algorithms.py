@@ -20,7 +20,7 @@ from jaxdnn.ops import conv as conv_ops
 from jaxdnn.selection import conv as conv_sel
 
 from problems import KERNEL_GRID
-from util import (assert_close, by_base, has_gpu, needs_cuda_module, needs_gpu, rand,
+from util import (assert_close, by_base, error_growth, has_gpu, needs_cuda_module, needs_gpu, rand,
                   subprocess_env)
 
 NHWC = ("NHWC", "HWIO", "NHWC")
@@ -90,7 +90,8 @@ def test_mixed_precision_result_float32_on_gpu():
         y = jaxdnn.conv(*(jax.device_put(v, gpu) for v in (x, w)), padding="SAME",
                         algo=info.name, preferred_element_type=jnp.float32)
         assert y.dtype == jnp.float32
-        assert_close(y, ref, jnp.float32, tol=1e-5, what=info.name)
+        assert_close(y, ref, jnp.float32, tol=1e-5, what=info.name,
+                     growth=error_growth(info.name, jnp.float32))
 
 
 # ---- registry logic: needs the CUDA module, not a GPU -------------------------------------------

@@ -35,7 +35,7 @@ import jaxdnn
 from jaxdnn.ops import conv as conv_ops
 
 from problems import CONV1D, CONV3D, KERNEL_GRID, ODD_SIZES, depthwise_layers, resnet50_layers
-from util import assert_close, needs_cuda_module, needs_gpu
+from util import assert_close, error_growth, needs_cuda_module, needs_gpu
 
 REALISTIC = resnet50_layers(2, stem_batch=1) + depthwise_layers(2) + ODD_SIZES + CONV1D + CONV3D
 CASES = REALISTIC + KERNEL_GRID
@@ -154,6 +154,7 @@ def test_gpu_algorithms_match_lax(case, arith):
         ref, scale = refs[d][2:]
         assert out.dtype == problems[d].out_dtype
         assert_close(np.asarray(out).reshape(ref.shape), ref, kind, scale=scale,
+                     growth=error_growth(name, kind),
                      k=_reduction_length(case, d), what=f"{name} {d} {case} {kind}")
     assert {d for _, d in runs} == set(DIRECTIONS) or ONLY, f"directions run: {runs}"
 

@@ -1,4 +1,4 @@
-// The library's environment switches (JAXDNN_CONV_NO_WS=1, JAXDNN_POISON_OUTPUTS=1, ...): each
+// The library's environment switch (JAXDNN_POISON_OUTPUTS=1, its one debug knob): each
 // call site keeps env_switch's answer in a function-local static, so a variable is read once per
 // process, at the first call that needs it.
 #pragma once

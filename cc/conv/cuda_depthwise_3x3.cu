@@ -218,12 +218,15 @@ depthwise3_conv_kernel(const In* __restrict__ src, const In* __restrict__ w, Out
 // dy(n, p, q, c). Work item = (image, strip of x rows, column block cb), cb fastest; block
 // (blockIdx.x = b, blockIdx.y = channel block) takes the items b, b + gridDim.x, ... in order,
 // its cgb x qb threads (channel group fastest) the item's qb column groups. A thread walks its
-// strip's x rows h: row h pairs with dy rows h + ph - r (filter row r).
+// strip's x rows h: row h pairs with dy rows h + ph - r (filter row r). The strips cover every
+// x row that meets a dy row, padding included (h from -ph to hd + 1 - ph: hd + 2 rows), so that
+// a padded row's zeros multiply dy like real elements (an infinite dy makes NaN, as in lax).
 struct FilterGeo {
   int hs, ws, hd, wd, C, ph, pw;  // x (hs, ws), dy (hd, wd)
   int groups;                     // channel groups, C / kCh
   int cgb, qb;                    // block shape: channel groups x column groups
   int rows, strips, col_blocks;   // x rows per strip, strips per image, column blocks
+  int span;                       // x rows walked per image, padding included (hd + 2)
   int items;                      // images x strips x column blocks
   int grid;                       // blocks along x (the partials), at most items
 };
@@ -239,12 +242,12 @@ depthwise3_filter_kernel(const In* __restrict__ x, const In* __restrict__ dy,
   // Threads past the last channel group take no item (but reach the barrier).
   for (int item = cg < f.groups ? int(blockIdx.x) : f.items; item < f.items; item += gridDim.x) {
     const int cb = item % f.col_blocks, ns = item / f.col_blocks;
-    const int n = ns / f.strips, h0 = ns % f.strips * f.rows;
+    const int n = ns / f.strips, h0 = ns % f.strips * f.rows - f.ph;
     const int q0 = (cb * f.qb + threadIdx.y) * kW;
     if (q0 >= f.wd) continue;
-    const int steps = min(f.rows, f.hs - h0);  // x rows h0 + i
+    const int steps = min(f.rows, f.span - f.ph - h0);  // x rows h0 + i
     // x columns x0 + s, dy rows p0 + i (p0 = h0 + ph - 2); unsigned offsets: the rows above the
-    // image and the columns left of it wrap, and are never read.
+    // image and the columns left of it wrap, and are never read (padding loads zeros).
     const int x0 = q0 - f.pw, p0 = h0 + f.ph - 2;
     const unsigned xo = (unsigned(n * f.hs + h0) * f.ws + x0) * f.C + c;
     const unsigned dyo = unsigned(n * f.hd + p0) * dy_pitch + unsigned(q0) * f.C + c;
@@ -256,11 +259,11 @@ depthwise3_filter_kernel(const In* __restrict__ x, const In* __restrict__ dy,
     };
     // Step i: x row h0 + i and dy row h0 + i + ph (= p0 + i + 2).
     auto load_step = [&](int i, Raw<In> (&v)[kSpan], Raw<In> (&d)[kW]) {
-      const bool ok = i < steps;
+      const bool ok = i < steps, row = ok && unsigned(h0 + i) < unsigned(f.hs);
 #pragma unroll
       for (int s = 0; s < kSpan; ++s)
         v[s] = load_raw(x + (xo + unsigned(i) * x_pitch + s * f.C),
-                        ok && unsigned(x0 + s) < unsigned(f.ws));
+                        row && unsigned(x0 + s) < unsigned(f.ws));
       load_dy(i + 2, ok, d);
     };
     using Dy = float[kW][kCh];
@@ -376,8 +379,9 @@ FilterGeo filter_geo(const Args& a) {
   f.col_blocks = (cols + f.qb - 1) / f.qb;
   const int wave =
       kWaveSms * (a.in == DType::kF32 ? kFilterPerSm<float> : kFilterPerSm<__nv_bfloat16>);
-  f.strips = pick_strips(int64_t(p.N) * f.col_blocks, std::max(f.hs, 1), 2, wave);
-  f.rows = (f.hs + f.strips - 1) / f.strips;
+  f.span = f.hd + 2;
+  f.strips = pick_strips(int64_t(p.N) * f.col_blocks, f.span, 2, wave);
+  f.rows = (f.span + f.strips - 1) / f.strips;
   f.items = f.wd == 0 || f.hs == 0 ? 0 : int(p.N) * f.strips * f.col_blocks;
   f.grid = std::min(f.items, wave);
   return f;
