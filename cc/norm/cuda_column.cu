@@ -514,22 +514,36 @@ Status column_stats(const Fwd<D>& f, cudaStream_t st) {
 }
 
 template <typename D>
-Status column_apply(const Fwd<D>& f, cudaStream_t st) {
+Support column_flat_support(const Shape& s) {
+  constexpr int N = Vec<D>::kN;
+  if (sizeof(D) < 4) return Support::No("the flat apply is for 4- and 8-byte types");
+  if (s.CK() % N != 0)
+    return Support::No("rows of C*K = " + std::to_string(s.CK()) + " values are not whole " +
+                       "16-byte vectors");
+  if (s.elems() / N >= (int64_t(1) << 31)) return Support::No("more than 2^31 vectors");
+  return Support::Yes();
+}
+
+template <typename D>
+Status column_flat_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
   const Shape& s = f.s;
-  static const bool flat_off = env_switch("JAXDNN_NORM_NO_FLAT") == '1';  // (A/B runs)
+  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
+    return Status::Error("norm column flat apply: x and y must be 16-byte aligned");
   if constexpr (sizeof(D) >= 4) {
-    if (!flat_off && s.CK() % N == 0 && s.elems() / N < (int64_t(1) << 31) &&
-        cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y)) {
-      const int64_t packs = s.elems() / N;
-      const FlatColumns fc{unsigned(packs), cuda::FastDiv(uint32_t(s.CK() / N)),
-                           cuda::FastDiv(uint32_t(s.A)), cuda::FastDiv(uint32_t(s.Pq())),
-                           cuda::FastDiv(uint32_t(s.K))};
-      return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N>,
-                          unsigned((packs + kFlatThreads - 1) / kFlatThreads), kFlatThreads, 0,
-                          st, f, fc);
-    }
+    const int64_t packs = s.elems() / N;
+    const FlatColumns fc{unsigned(packs), cuda::FastDiv(uint32_t(s.CK() / N)),
+                         cuda::FastDiv(uint32_t(s.A)), cuda::FastDiv(uint32_t(s.Pq())),
+                         cuda::FastDiv(uint32_t(s.K))};
+    return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N>,
+                        unsigned((packs + kFlatThreads - 1) / kFlatThreads), kFlatThreads, 0, st,
+                        f, fc);
   }
+  return Status::Error("norm column flat apply: 16-bit types take the tiled apply");
+}
+
+template <typename D>
+Status column_apply(const Fwd<D>& f, cudaStream_t st) {
   return launch_columns(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
                         column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN,
                         apply_rows<D>(), "norm column_apply_kernel", st);
@@ -552,18 +566,31 @@ Status column_dx(const Bwd<D>& b, cudaStream_t st) {
 }
 
 template <typename D>
-Status column_fused(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+Support column_fused_support(const Shape& s) {
   constexpr int N = Vec<D>::kN;
-  const Shape& s = f.s;
-  *ran = false;
-  if (s.CK() % N != 0 || !cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y)) return Status::Ok();
+  if (s.CK() % N != 0)
+    return Support::No("rows of C*K = " + std::to_string(s.CK()) + " values are not whole " +
+                       "16-byte vectors");
+  FusedCapacity cap;
+  if (Status st = fused_capacity<column_fused_kernel<D, N>>(&cap); !st.ok())
+    return Support::No(st.message);
+  if (fused_grid(s, N, cap.blocks).blocks == 0)
+    return Support::No("more (batch, column tile)s than co-resident blocks (" +
+                       std::to_string(cap.blocks) + ")");
+  return Support::Yes();
+}
+
+template <typename D>
+Status column_fused(const Fwd<D>& f, cudaStream_t st) {
+  constexpr int N = Vec<D>::kN;
+  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
+    return Status::Error("norm column single pass: x and y must be 16-byte aligned");
   constexpr auto kernel = column_fused_kernel<D, N>;
   FusedCapacity cap;
   Status status = fused_capacity<kernel>(&cap);
   if (!status.ok()) return status;
-  const ColumnGrid g = fused_grid(s, N, cap.blocks);
-  if (g.blocks == 0) return status;
-  *ran = true;
+  const ColumnGrid g = fused_grid(f.s, N, cap.blocks);
+  if (g.blocks == 0) return Status::Error("norm column single pass: the grid does not fit");
   return launch_cooperative(kernel, g.blocks, cap.stash_bytes, st, "norm column_fused_kernel", f,
                             g, cap.stash_bytes / int64_t(sizeof(D)));
 }
@@ -572,6 +599,9 @@ JAXDNN_NORM_CUDA_INSTANTIATE(column_stats, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(column_apply, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(column_grads, Bwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(column_dx, Bwd);
-JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(column_fused);
+JAXDNN_NORM_CUDA_INSTANTIATE(column_flat_apply, Fwd);
+JAXDNN_NORM_CUDA_INSTANTIATE(column_fused, Fwd);
+JAXDNN_NORM_CUDA_INSTANTIATE_SUPPORT(column_flat_support);
+JAXDNN_NORM_CUDA_INSTANTIATE_SUPPORT(column_fused_support);
 
 }  // namespace jaxdnn::norm::cuda_impl

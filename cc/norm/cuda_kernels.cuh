@@ -628,17 +628,19 @@ Status launch_cooperative(void (*kernel)(Params...), int64_t grid, int64_t smem,
   return cuda::check(cudaLaunchKernelEx(&cfg, kernel, args...), name);
 }
 
-// Single-pass training forwards; *ran is false (and nothing is enqueued) when the problem does
-// not qualify: rows / segments not 16-byte vectors, or more groups of rows than resident blocks.
-template <typename D> Status column_fused(const Fwd<D>& f, cudaStream_t st, bool* ran);
-template <typename D> Status segment_fused(const Fwd<D>& f, cudaStream_t st, bool* ran);
-// The segment path's split training forward (cuda_segment.cu), where it applies (*ran): whole,
-// or its statistics half (mean, var and the table) and its apply half (y from the table), which
-// the two-call forward (cuda_forward_stats, cuda_forward_apply) runs as separate XLA calls.
-// The apply half applies wherever the statistics half did and y is aligned.
-template <typename D> Status segment_split(const Fwd<D>& f, cudaStream_t st, bool* ran);
-template <typename D> Status segment_split_stats(const Fwd<D>& f, cudaStream_t st, bool* ran);
-template <typename D> Status segment_split_apply(const Fwd<D>& f, cudaStream_t st, bool* ran);
+// Single-pass training forwards (cooperative; x and y 16-byte aligned): whether the problem
+// qualifies (rows / segments of 16-byte vectors, every group of rows on a resident block), and
+// the launch.
+template <typename D> Support column_fused_support(const Shape& s);
+template <typename D> Status column_fused(const Fwd<D>& f, cudaStream_t st);
+template <typename D> Support segment_fused_support(const Shape& s);
+template <typename D> Status segment_fused(const Fwd<D>& f, cudaStream_t st);
+// The segment path's split training forward (cuda_segment.cu): where it applies, its statistics
+// half (mean, var and the table) and its apply half (y from the table), run in one XLA call or
+// in two (the two-call algorithms, cuda_norm.cu).
+template <typename D> Support segment_split_support(const Shape& s);
+template <typename D> Status segment_split_stats(const Fwd<D>& f, cudaStream_t st);
+template <typename D> Status segment_split_apply(const Fwd<D>& f, cudaStream_t st);
 
 template <typename D> Status row_forward(const Fwd<D>& f, cudaStream_t st);
 // *slices: the d(scale), d(bias) partial rows it wrote per affine row (<= row_bwd_max_slices).
@@ -648,6 +650,9 @@ template <typename D> Status row_backward(const Bwd<D>& b, int64_t* slices, cuda
 int64_t column_stats_rows(const Shape& s, int vec);
 template <typename D> Status column_stats(const Fwd<D>& f, cudaStream_t st);
 template <typename D> Status column_apply(const Fwd<D>& f, cudaStream_t st);
+// The column apply as a flat grid of 16-byte packs (4- and 8-byte types; x and y aligned).
+template <typename D> Support column_flat_support(const Shape& s);
+template <typename D> Status column_flat_apply(const Fwd<D>& f, cudaStream_t st);
 template <typename D> Status column_grads(const Bwd<D>& b, cudaStream_t st);
 template <typename D> Status column_dx(const Bwd<D>& b, cudaStream_t st);
 
@@ -661,10 +666,10 @@ template <typename D> Status segment_dx(const Bwd<D>& b, cudaStream_t st);
   template Status fn<double>(const View<double>&, cudaStream_t);              \
   template Status fn<__half>(const View<__half>&, cudaStream_t);              \
   template Status fn<__nv_bfloat16>(const View<__nv_bfloat16>&, cudaStream_t)
-#define JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(fn)                                         \
-  template Status fn<float>(const Fwd<float>&, cudaStream_t, bool*);                   \
-  template Status fn<double>(const Fwd<double>&, cudaStream_t, bool*);                 \
-  template Status fn<__half>(const Fwd<__half>&, cudaStream_t, bool*);                 \
-  template Status fn<__nv_bfloat16>(const Fwd<__nv_bfloat16>&, cudaStream_t, bool*)
+#define JAXDNN_NORM_CUDA_INSTANTIATE_SUPPORT(fn)      \
+  template Support fn<float>(const Shape&);           \
+  template Support fn<double>(const Shape&);          \
+  template Support fn<__half>(const Shape&);          \
+  template Support fn<__nv_bfloat16>(const Shape&)
 
 }  // namespace jaxdnn::norm::cuda_impl
