@@ -257,7 +257,7 @@ struct FlatColumns {
 // kFlatThreads, blocks in reverse (so that the first ones read what the statistics pass left in
 // L2); the pack's VEC columns' coefficients from the statistics and parameters (a few KB,
 // L1-resident), its column and batch by multiply-high divisions. H200, float32 batch_norm NHWC
-// 64x112x112x64 (kernel trace, NOTES.md session 24): 97.8 us in 128-thread blocks (XLA's
+// 64x112x112x64 (kernel trace, docs/perf/norm.md): 97.8 us in 128-thread blocks (XLA's
 // elementwise fusion: 96.6, also 128), 100.0 in 256-thread ones, the 64-row column_apply 100.2;
 // group_norm NHWC 32x56x56x256: 50.9, 51.6 and ~53 (XLA 49.6). In bfloat16 the per-pack
 // coefficients of 8 columns cost more than they save (batch_norm_inference 68.3 us flat against
@@ -476,9 +476,9 @@ ColumnGrid fused_grid(const Shape& s, int vec, int64_t blocks) {
 // Rows per block of the elementwise passes (apply, dx), by element size E: 64 rows of float32
 // (C = 64: 16 x 16 threads, 4 rows of 16 bytes each, 16 KB per block). 16-bit types take 128,
 // so that a thread still has 4 loads in flight and a block moves the same bytes: with 64 rows,
-// bfloat16 batch_norm_inference ran at 1.7 TB/s against float32's 2.9 (NOTES.md). float32
+// bfloat16 batch_norm_inference ran at 1.7 TB/s against float32's 2.9 (docs/perf/norm.md). float32
 // with 16, 32, 128 or 256 rows: 274, 148, 103 and 106 us against 64's 100 (batch_norm_inference
-// NHWC 64x112x112x64, kernel trace, session 22): fewer rows load the coefficients for fewer
+// NHWC 64x112x112x64, kernel trace): fewer rows load the coefficients for fewer
 // packs, more rows issue their loads in more batches of kLoadsInFlight.
 template <typename E>
 constexpr int64_t apply_rows() {
@@ -499,7 +499,7 @@ Status launch_columns(const View& v, bool aligned, Kernel scalar, Kernel vector,
 
 // Rows per slice of the statistics pass: about three blocks per SM (one wave of the 16-bit
 // kernel's), long-lived blocks whose tree merge and first loads are paid once per 1-2K rows. H200,
-// batch_norm NHWC 64x112x112x64 float32 (NOTES.md, session 20): 2048-row slices 51.8 us, the
+// batch_norm NHWC 64x112x112x64 float32 (docs/perf/norm.md): 2048-row slices 51.8 us, the
 // partial passes' 512 (rows_per_slice) 57.3.
 int64_t column_stats_rows(const Shape& s, int vec) {
   const int64_t rps = shared_rows(s, vec, 3 * int64_t(cuda::sm_count()));

@@ -25,7 +25,7 @@
 // 26 MB on an H200) nor the L2 kept, against 2 reads + 1 write for the three-pass fallback.
 // Fewer bytes are not less time in float32: on the H200 a one-wave loop like phase 3 moves reads
 // plus writes at 3.5-3.7 TB/s, a flat grid of one pack per thread (XLA's elementwise shape) at
-// 4.0 (dev/copy_probe.cu), and that costs about what the stash saves (NOTES.md, session 17).
+// 4.0 (dev/copy_probe.cu), and that costs about what the stash saves (docs/perf/norm.md).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -344,9 +344,9 @@ __device__ __forceinline__ void load_words(const Acc* p, Acc (&out)[VEC]) {
 
 // One block per SM (its shared memory is nearly all stash), 16 warps with 8 loads of 16 bytes
 // each in flight: 64 KB per SM. 256 threads with 16 loads each (the same bytes in flight) kept
-// DRAM only 35-60% busy on the H200 (NOTES.md: warps, not unrolled loads, hide latency); 512
+// DRAM only 35-60% busy on the H200 (docs/perf/norm.md: warps, not unrolled loads, hide latency); 512
 // threads fit 128 registers each without spilling (106-128 used), 1024 would spill (64).
-// Measured against 256/16 in one H200 run (NOTES.md): 1.03-1.34x on the batch_norm and
+// Measured against 256/16 in one H200 run (docs/perf/norm.md): 1.03-1.34x on the batch_norm and
 // group_norm training forwards.
 constexpr int kFusedThreads = 512;
 constexpr int kFusedInFlight = 8;
@@ -391,7 +391,7 @@ __device__ __forceinline__ void ring_stream(int64_t n, Src src, Slot slot, F f) 
 // A statistics group's partials summed about a common shift (the group's first partial's
 // mean): n, s1 = sum n_i d_i and s2 = sum (M2_i + n_i d_i^2), d_i = mean_i - shift; then
 // mean = shift + s1/n and M2 = s2 - s1^2/n. Additions only: Chan's update divides at every
-// merge, and a merge is one latency chain of such steps (ncu, session 21: 14 cycles per issued
+// merge, and a merge is one latency chain of such steps (ncu: 14 cycles per issued
 // instruction, ~1300 dependent instructions per warp). The subtraction costs at most
 // log2(1 + n/n_0) bits of the double (n_0 the first partial's count: n_0 d^2 <= M2 for the
 // overall mean), 12 of 53 for 4096 equal partials.

@@ -25,9 +25,9 @@
 //          against the fused kernel's once + once + what it re-reads; but the apply is a flat
 //          grid, at 4.2 TB/s where the fused kernel's one-wave phase 3 is not (H200, batch_norm
 //          NCHW 64x64x112x112 float32: 171 us a call against 179 for the fused kernel,
-//          benchmarks/NOTES.md session 20). The statistics kernel alone reads at 4.0 TB/s, but
+//          docs/perf/norm.md). The statistics kernel alone reads at 4.0 TB/s, but
 //          right after a kernel that wrote ~200 MB (the L2 full of dirty lines to write back)
-//          at 3.5, as any reader does (a flat read 4.4 -> 3.6, session 21). On the GPU the
+//          at 3.5, as any reader does (a flat read 4.4 -> 3.6). On the GPU the
 //          lowering therefore issues the two halves (segment_split_stats: statistics and
 //          merge; segment_split_apply) as separate XLA calls, which XLA schedules as it does
 //          its own reductions and elementwise passes (jaxdnn/ops/norm.py).
