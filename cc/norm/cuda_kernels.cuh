@@ -344,8 +344,9 @@ __device__ __forceinline__ void load_words(const Acc* p, Acc (&out)[VEC]) {
 
 // One block per SM (its shared memory is nearly all stash), 16 warps with 8 loads of 16 bytes
 // each in flight: 64 KB per SM. 256 threads with 16 loads each (the same bytes in flight) kept
-// DRAM only 35-60% busy on the H200 (docs/perf/norm.md: warps, not unrolled loads, hide latency); 512
-// threads fit 128 registers each without spilling (106-128 used), 1024 would spill (64).
+// DRAM only 35-60% busy on the H200 (docs/perf/norm.md: warps, not unrolled loads, hide
+// latency); 512 threads fit 128 registers each without spilling (106-128 used), 1024 would
+// spill (64).
 // Measured against 256/16 in one H200 run (docs/perf/norm.md): 1.03-1.34x on the batch_norm and
 // group_norm training forwards.
 constexpr int kFusedThreads = 512;

@@ -246,7 +246,8 @@ template <typename Check>
 Support on_path_typed(const Problem& p, Path path, Check&& check) {
   if (Support s = on_path(p, path); !s.ok || p.s.elems() == 0) return s;
   Support out = Support::No(std::string("unsupported dtype ") + dtype_name(p.dtype));
-  dispatch_io(p.dtype, p.dtype, [&](auto tag, auto) { out = check(device_t<decltype(tag)>{}, p.s); });
+  dispatch_io(p.dtype, p.dtype,
+              [&](auto tag, auto) { out = check(device_t<decltype(tag)>{}, p.s); });
   return out;
 }
 

@@ -612,7 +612,8 @@ Status segment_split_stats(const Fwd<D>& f, cudaStream_t st) {
   std::string why;
   const SegmentUnits su = split_units_of<D>(s, &why);
   if (su.units == 0) return Status::Error("norm segment split: " + why);
-  if (!cuda::vec_aligned(f.x)) return Status::Error("norm segment split: x must be 16-byte aligned");
+  if (!cuda::vec_aligned(f.x))
+    return Status::Error("norm segment split: x must be 16-byte aligned");
   Status status = cuda::launch("norm segment_unit_stats_kernel",
                                segment_unit_stats_kernel<D, Vec<D>::kN>,
                                unsigned((su.units + kWarps - 1) / kWarps), kThreads, 0, st, f, su);
