@@ -1,9 +1,9 @@
 // CUDA pooling kernels for any window, and the dispatcher of every pooling op.
 //
 //   window_fwd   algorithm "window": max_fwd, max_fwd_index, avg_fwd, one thread per (output
-//                position, G vectors of V channels); it walks the window's valid taps. Traffic: x read once from
-//                DRAM (overlapping windows re-read taps from L1/L2), y (and idx) written once:
-//                N*D*H*W*C + N*Z*P*Q*C elements (+ N*Z*P*Q*C index bytes).
+//                position, G vectors of V channels); it walks the window's valid taps. Traffic:
+//                x read once from DRAM (overlapping windows re-read taps from L1/L2), y (and
+//                idx) written once: N*D*H*W*C + N*Z*P*Q*C elements (+ N*Z*P*Q*C index bytes).
 //   strip_fwd    the same ops for 2-D windows (window and stride 1 along D, no D padding) on
 //                the vector path, of a shape in StripShapes (3/2 along W, 2 output rows
 //                sharing an input row along H: the 3x3/2 family). One thread per (plane, strip
@@ -17,8 +17,8 @@
 //                the vector path: one thread per output vector, its 4 taps loaded at once (no
 //                loop, ~30 registers, 8 blocks per SM). Algorithm "tile".
 //   window_bwd   algorithm "gather" (with max_gather): max_scatter, avg_bwd, as a gather: one
-//                thread per (input position, G vectors of V channels) visits the windows covering it (2.25 on average for 3x3
-//                stride 2) and sums dy where the window selected it (max) or dy/divisor (avg).
+//                thread per (input position, G vectors of V channels) visits the windows
+//                covering it (2.25 on average for 3x3 stride 2) and sums dy where the window selected it (max) or dy/divisor (avg).
 //                No atomics: deterministic. Traffic: dy (and idx) read once, dx written once.
 //   max_gather   the jvp of max pooling: t at each window's selected element, one thread per
 //                output element (a per-channel gather; not a training hot path).
