@@ -19,7 +19,8 @@
 //   window_bwd   algorithm "gather" (with max_gather): max_scatter, avg_bwd, as a gather: one
 //                thread per (input position, G vectors of V channels) visits the windows
 //                covering it (2.25 on average for 3x3 stride 2) and sums dy where the window
-//                selected it (max) or dy/divisor (avg). No atomics: deterministic. Traffic: dy (and idx) read once, dx written once.
+//                selected it (max) or dy/divisor (avg). No atomics: deterministic. Traffic: dy
+//                (and idx) read once, dx written once.
 //   max_gather   the jvp of max pooling: t at each window's selected element, one thread per
 //                output element (a per-channel gather; not a training hot path).
 // Global windows (one window covering the whole input): algorithm "global" (cuda_global.cu),
