@@ -27,6 +27,7 @@ import numpy as np
 import jaxdnn
 from jaxdnn.ops import conv as conv_ops
 from jaxdnn.selection import conv as conv_sel
+from jaxdnn.ops.norm import NormProblem, NormShape
 
 PLATFORM = os.environ.get("JAXDNN_SANITIZE_PLATFORM", "gpu")  # "cpu": a quick local dry run
 GPU = jax.devices(PLATFORM)[0]
@@ -105,26 +106,33 @@ def norm_fused():
     MB on an H200), in bfloat16 too: the single-pass kernels (channels-last, and channels-first
     16x16 images), every block both keeping rows on chip and streaming the rest back through
     phase 3's ring of stash slots, and the split forward (channels-first 96x96 images, several
-    pieces per segment), each as two calls and as one (JAXDNN_NORM_ONE_CALL=1: channels-last's
-    single-pass kernel instead of its three passes); forward only."""
-    cases = (("batch_norm NHWC", (32, 96, 96, 64), lambda x, s, b: jaxdnn.batch_norm(x, s, b)),
+    pieces per segment), with every training forward algorithm that runs the problem (forced:
+    single pass, split, three passes, two calls); forward only."""
+    cases = (("batch_norm NHWC", (32, 96, 96, 64),
+              lambda x, s, b, **kw: jaxdnn.batch_norm(x, s, b, **kw)),
              ("batch_norm NCHW", (16, 256, 96, 96),
-              lambda x, s, b: jaxdnn.batch_norm(x, s, b, axis=1)),
+              lambda x, s, b, **kw: jaxdnn.batch_norm(x, s, b, axis=1, **kw)),
              ("group_norm NHWC", (16, 96, 96, 256),
-              lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=32)),
+              lambda x, s, b, **kw: jaxdnn.group_norm(x, s, b, groups=32, **kw)),
              ("group_norm NCHW", (16, 256, 96, 96),
-              lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=32, layout="NCHW")),
+              lambda x, s, b, **kw: jaxdnn.group_norm(x, s, b, groups=32, layout="NCHW",
+                                                     **kw)),
              ("batch_norm NCHW", (128, 256, 16, 16),
-              lambda x, s, b: jaxdnn.batch_norm(x, s, b, axis=1)))
+              lambda x, s, b, **kw: jaxdnn.batch_norm(x, s, b, axis=1, **kw)))
+    listing = NormProblem("fwd", NormShape(1, 1, 1, 1, 1), np.dtype(np.float32))
+    fwd_algorithms = [a.name for a in jaxdnn.norm_algorithms(listing, PLATFORM)]
     for dt in DTYPES:
         for name, shape, fn in cases:
             c = shape[1] if "NCHW" in name else shape[-1]
             x, s, b = rand(shape, dt), rand((c,), dt), rand((c,), dt)
-            for calls in ("2", "1"):
-                os.environ["JAXDNN_NORM_ONE_CALL"] = "1" if calls == "1" else "0"
-                out = jax.jit(lambda *a, fn=fn: fn(*a))(x, s, b)  # lowered again
-                finite(f"{name} {shape} {dt.__name__} (training forward, {calls} calls)", out)
-    os.environ.pop("JAXDNN_NORM_ONE_CALL")
+            for algo in fwd_algorithms:
+                try:
+                    out = jax.jit(lambda *a, fn=fn: fn(*a, algo=algo))(x, s, b)
+                except ValueError as e:  # the algorithm cannot run this problem
+                    if f"'{algo}' cannot run" not in str(e):
+                        raise
+                    continue
+                finite(f"{name} {shape} {dt.__name__} (training forward, {algo})", out)
 
 
 def pool():

@@ -230,20 +230,15 @@ def _run_norm(op, x, scale, bias, kw, monkeypatch):
     return y, np.asarray(mean).reshape(-1), np.asarray(var).reshape(-1)
 
 
-@pytest.mark.parametrize("calls", ["1", "2"])
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("dtype", FLOATS, ids=_ids)
 @pytest.mark.parametrize("case", NORM_CASES, ids=_norm_case_id)
-def test_norm_statistics_of_nonfinite_groups(case, dtype, platform, calls, monkeypatch):
+def test_norm_statistics_of_nonfinite_groups(case, dtype, platform, monkeypatch):
     """mean is jnp.mean's (+inf for +inf values, -inf for -inf, NaN for both or a NaN, also
     when the group's first value, the kernels' shift, is infinite), var jnp.var's (NaN for any
     non-finite value; RMS norm: the mean square, inf for an infinity), y follows from them.
-    On the GPU both forms of the training forward: one call, and statistics and apply as two
-    calls (JAXDNN_NORM_ONE_CALL)."""
+    (The heuristic's training forward; tests/test_norm.py runs every registered one.)"""
     device(platform)
-    if calls == "2" and platform == "cpu":
-        pytest.skip("the CPU forward is one call")
-    monkeypatch.setenv("JAXDNN_NORM_ONE_CALL", "1" if calls == "1" else "0")
     op, shape, kw = case
     centered = op != "rms_norm"
     gid = _group_ids(op, shape, kw.get("axis"), kw.get("groups"), kw.get("layout"))

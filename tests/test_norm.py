@@ -14,7 +14,8 @@ from jax.flatten_util import ravel_pytree
 from jax.test_util import check_grads
 
 import jaxdnn
-from util import DTYPES, PLATFORMS, TOL, assert_close, needs_cuda_module, needs_gpu, on, rand
+from util import (DTYPES, PLATFORMS, TOL, assert_close, device, needs_cuda_module, needs_gpu, on,
+                  rand)
 
 EPS = float(np.float32(1e-5))  # the ops use eps as float32; so do the references
 
@@ -201,79 +202,174 @@ def _check_forward(case, dtype, args, out):
     assert_close(y, ref_y, dtype, what="y")
 
 
-# The CUDA training forwards on tensors larger than the L2 and what the single-pass kernels
-# stash in shared memory (~27 MB on an H200), as two calls and as one (JAXDNN_NORM_ONE_CALL=1).
-# Channels-last: float32 batch norm's three passes (two calls), else the single-pass kernel,
-# each block both stashing rows and re-reading streamed ones, several row slices per (sample,
-# column tile).
-# Channels-first with 9216-value segments: the split forward, several pieces per segment; with
-# 256-value segments (16x16 images): the single-pass kernel. Results are bitwise identical from
-# run to run.
+def _registry(direction, platform):
+    """Every algorithm name of `platform`'s norm registry for `direction` (a problem's listing
+    names them all, supported or not); skips where the machine lacks the platform."""
+    from jaxdnn.ops.norm import NormProblem, NormShape
+    device(platform)
+    problem = NormProblem(direction, NormShape(1, 1, 1, 1, 1), np.dtype(np.float32))
+    return [a.name for a in jaxdnn.norm_algorithms(problem, "cuda" if platform == "gpu" else
+                                                   platform)]
+
+
+def _forced(platform, run, name):
+    """run(algo=name) on `platform`, or None where the algorithm cannot run the problem (the
+    ValueError that names it)."""
+    try:
+        return run(algo=name)
+    except ValueError as e:
+        assert f"'{name}' cannot run" in str(e), e
+        return None
+
+
+# Every training forward algorithm of each platform against the float64 reference on a grid
+# that reaches each one: the row path; channels-last rows of whole 16-byte vectors (every column
+# algorithm in 4-byte types) and of 3 values; channels-first segments of 16x16 (single pass,
+# three pass, two calls) and of 16x40 values (the split forwards).
+ALGO_GRID = [layer_case("layer_norm", (5, 40)), batch_case((4, 6, 5, 16)), batch_case((5, 7, 3)),
+             group_case((3, 6, 5, 24), 8, "NHWC"), batch_case((2, 16, 16, 16), 1),
+             batch_case((3, 5, 16, 40), 1), group_case((2, 12, 16, 36), 4, "NCHW")]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_every_training_forward_algorithm(platform, dtype):
+    ran = set()
+    for name in _registry("fwd", platform):
+        for case in ALGO_GRID:
+            x, s, b = _inputs(case, dtype)
+            args = on(platform, x, s, b)
+            out = _forced(platform, lambda algo: jax.jit(
+                lambda *a: case.run(*a, algo=algo))(*args), name)
+            if out is not None:
+                _check_forward(case, dtype, (x, s, b), out)
+                ran.add(name)
+    missing = set(_registry("fwd", platform)) - ran
+    if dtype == jnp.bfloat16:  # (the flat apply is for 4- and 8-byte types)
+        missing -= {"column_two_call_flat", "column_three_pass_flat"}
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_every_inference_algorithm(platform):
+    rng = np.random.default_rng(3)
+    ran = set()
+    for name in _registry("infer", platform):
+        for shape, axis in [((5,), 0), ((4, 5, 8), -1), ((4, 5, 3), -1), ((3, 4, 5, 6), 1)]:
+            c = shape[axis]
+            x = rand(rng, shape, jnp.float32)
+            s, b, m = (rand(rng, (c,), jnp.float32) for _ in range(3))
+            v = np.abs(rand(rng, (c,), jnp.float32)) + 0.1
+            args = on(platform, x, s, b, m, v)
+            y = _forced(platform, lambda algo: jax.jit(lambda *a: jaxdnn.batch_norm_inference(
+                *a, axis=axis, algo=algo))(*args), name)
+            if y is None:
+                continue
+            ex = lambda p: np.asarray(p, np.float64).reshape(
+                [c if i == axis % len(shape) else 1 for i in range(len(shape))])
+            ref = (np.asarray(x, np.float64) - ex(m)) / np.sqrt(ex(v) + EPS) * ex(s) + ex(b)
+            assert_close(y, ref, jnp.float32, what=f"y ({name})")
+            ran.add(name)
+    assert ran == set(_registry("infer", platform))
+
+
+# Large tensors (larger than the L2 and what the single-pass kernels stash in shared memory,
+# ~27 MB on an H200) on every supported GPU training forward: channels-last, each single-pass
+# block both stashing rows and re-reading streamed ones, several row slices per (sample, column
+# tile); channels-first with 9216-value segments (the split forward, several pieces per segment)
+# and 256-value ones. Results are bitwise identical from run to run.
 LARGE = [batch_case((16, 64, 64, 256)), batch_case((16, 256, 96, 96), 1),
          group_case((8, 64, 64, 256), 32), group_case((16, 256, 96, 96), 32, "NCHW"),
          batch_case((128, 256, 16, 16), 1)]
 
 
-@pytest.mark.parametrize("calls", ["1", "2"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("case", LARGE, ids=repr)
 @needs_gpu
-def test_training_forward_large(case, dtype, calls, monkeypatch):
-    monkeypatch.setenv("JAXDNN_NORM_ONE_CALL", "1" if calls == "1" else "0")
+def test_training_forward_large(case, dtype):
     x, s, b = _inputs(case, dtype)
     args = on("gpu", x, s, b)
-    f = jax.jit(lambda *a: case.run(*a))  # a new function: lowered again
-    first, second = f(*args), f(*args)
-    for u, v in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second)):
-        np.testing.assert_array_equal(u, v)
-    _check_forward(case, dtype, (x, s, b), first)
+    for name in _registry("fwd", "gpu"):
+        f = jax.jit(lambda *a: case.run(*a, algo=name))
+        first = _forced("gpu", lambda algo: f(*args), name)
+        if first is None:
+            continue
+        second = f(*args)
+        for u, v in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second)):
+            np.testing.assert_array_equal(u, v)
+        _check_forward(case, dtype, (x, s, b), first)
 
 
-# The CPU's channels-first training forward: a task takes whole groups of at most 256 KB through
-# statistics, merge and apply (the second pass reads the group from cache, cc/norm/cpu_segment.cc);
-# larger groups run the three passes. (2, 3, 100, 100) on axis 1: groups of 20000 values; (2, 3,
-# 200, 200): 80000, above the limit in both dtypes.
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("case", [batch_case((2, 3, 100, 100), 1),
-                                  batch_case((2, 3, 200, 200), 1)], ids=repr)
-def test_cpu_channels_first_training_forward(case, dtype):
-    x, s, b = _inputs(case, dtype)
-    out = jax.jit(lambda *a: case.run(*a))(*on("cpu", x, s, b))
-    _check_forward(case, dtype, (x, s, b), out)
-
-
-# On the GPU a channels-last float32 batch or group norm, and a channels-first training forward
-# that takes the split forward, is two custom calls, statistics then apply (cc/norm/norm.h's
-# two_call_forward, jaxdnn/ops/norm.py); one with JAXDNN_NORM_ONE_CALL=1. On the segment path both
-# run the same kernels, so their results are bitwise equal; (2, 3, 1037): segments of 1037 values
-# are not whole 16-byte vectors, so each half takes its fallback (statistics and merge; the per-
-# segment apply). On the column path the one call is the single-pass kernel, the two calls its
-# three passes (stats, merge; apply, as a flat grid where rows are whole 16-byte vectors); (5, 7,
-# 3): rows of 3 values, one value per thread; the channels-last group norm: statistics per (image,
-# group), the flat apply's batch index.
-@pytest.mark.parametrize("case,bitwise", [
-    (batch_case((3, 5, 16, 40), 1), True), (batch_case((2, 3, 1037), 1), True),
-    (group_case((2, 12, 16, 36), 4, "NCHW"), True), (batch_case((4, 6, 10, 16)), False),
-    (batch_case((5, 7, 3)), False), (group_case((3, 6, 5, 24), 8, "NHWC"), False)], ids=repr)
+# The two-call algorithms lower to two custom calls, statistics then apply, the others to one;
+# the split forward's and the segment path's two-call forms run the same kernels as their one-
+# call forms, so their results are bitwise equal. By default a channels-last float32 batch or
+# group norm and a channels-first one with segments of at least 512 values take two calls.
+@pytest.mark.parametrize("case,pairs,default_two", [
+    (batch_case((3, 5, 16, 40), 1), [("segment_split_two_call", "segment_split"),
+                                     ("segment_two_call", "segment_three_pass")], True),
+    (batch_case((2, 3, 1037), 1), [("segment_two_call", "segment_three_pass")], True),
+    (batch_case((4, 6, 10, 16)), [("column_two_call", "column_three_pass"),
+                                  ("column_two_call_flat", "column_three_pass_flat")], True),
+    (batch_case((2, 16, 8, 8), 1), [("segment_two_call", "segment_three_pass")], False)],
+    ids=repr)
 @needs_gpu
-def test_two_call_forward(case, bitwise, monkeypatch):
+def test_two_call_forward(case, pairs, default_two):
     x, s, b = _inputs(case, jnp.float32)
     args = on("gpu", x, s, b)
 
-    def run(one_call):
-        with monkeypatch.context() as m:
-            m.setenv("JAXDNN_NORM_ONE_CALL", "1" if one_call else "0")
-            f = jax.jit(lambda *a: case.run(*a))  # a new function: lowered again
-            return re.findall(r"custom_call @(\w+)", f.lower(*args).as_text()), f(*args)
+    def run(algo):
+        f = jax.jit(lambda *a: case.run(*a, algo=algo))
+        return re.findall(r"custom_call @(\w+)", f.lower(*args).as_text()), f(*args)
 
-    (two_calls, two), (one_call, one) = run(False), run(True)
-    assert two_calls == ["jaxdnn_norm_fwd_stats", "jaxdnn_norm_fwd_apply"], two_calls
-    assert one_call == ["jaxdnn_norm_fwd"], one_call
-    if bitwise:
+    two_targets = ["jaxdnn_norm_fwd_stats", "jaxdnn_norm_fwd_apply"]
+    assert (run(None)[0] == two_targets) == default_two
+    for two_name, one_name in pairs:
+        (two_calls, two), (one_call, one) = run(two_name), run(one_name)
+        assert two_calls == two_targets, two_calls
+        assert one_call == ["jaxdnn_norm_fwd"], one_call
         for u, v in zip(jax.tree_util.tree_leaves(two), jax.tree_util.tree_leaves(one)):
             np.testing.assert_array_equal(u, v)
-    _check_forward(case, jnp.float32, (x, s, b), two)
-    _check_forward(case, jnp.float32, (x, s, b), one)
+        _check_forward(case, jnp.float32, (x, s, b), two)
+
+
+# ---- the registry's listing and forced algorithms -------------------------------------------
+
+@pytest.mark.parametrize("direction", ["fwd", "infer", "bwd"])
+def test_norm_algorithms_listing(direction):
+    from jaxdnn.ops.norm import NormProblem, NormShape
+    problem = NormProblem(direction, NormShape(P=1, A=8, C=4, K=1, T=1), np.dtype(np.float32))
+    infos = jaxdnn.norm_algorithms(problem, "cpu")
+    assert [a.name for a in infos] == ["column", "row", "segment"]
+    assert [a.supported for a in infos] == [True, False, False]
+    assert all(a.reason for a in infos[1:]) and "column path" in infos[1].reason
+    assert infos[0].rank == 0 and infos[0].direction == direction
+
+
+@needs_cuda_module
+def test_norm_cuda_listing():
+    from jaxdnn.ops.norm import NormProblem, NormShape
+    problem = NormProblem("fwd", NormShape(P=1, A=8, C=4, K=1, T=1), np.dtype(np.float32))
+    infos = {a.name: a for a in jaxdnn.norm_algorithms(problem, "cuda")}
+    assert set(infos) == {"row", "column_two_call_flat", "column_two_call", "column_single_pass",
+                          "column_three_pass_flat", "column_three_pass", "segment_split_two_call",
+                          "segment_split", "segment_single_pass", "segment_two_call",
+                          "segment_three_pass"}
+    assert not infos["row"].supported and "row path" in infos["row"].reason
+    assert infos["column_two_call"].supported
+
+
+def test_forced_norm_algorithm():
+    x = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
+    with jax.default_device(jax.devices("cpu")[0]):
+        y = jax.jit(lambda x: jaxdnn.layer_norm(x, None, None, algo="row"))(x)
+        ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + EPS)
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="'column' cannot run"):
+            jaxdnn.layer_norm(x, None, None, algo="column")
+        with pytest.raises(ValueError, match="unknown norm algorithm 'nope'"):
+            jaxdnn.batch_norm(x, None, None, algo="nope")
+        with pytest.raises(TypeError, match="`algo` must be None or an algorithm name"):
+            jaxdnn.group_norm(x, None, None, groups=2, algo=3)
 
 
 @functools.cache

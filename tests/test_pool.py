@@ -105,11 +105,11 @@ def ref_pool(x, op, window, strides, pads):
     return total / count[None, ..., None]
 
 
-def ours(x, op, window, strides, padding, layout=None):
+def ours(x, op, window, strides, padding, layout=None, algo=None):
     if op == "max":
-        return jaxdnn.max_pool(x, window, strides, padding, layout=layout)
+        return jaxdnn.max_pool(x, window, strides, padding, layout=layout, algo=algo)
     return jaxdnn.avg_pool(x, window, strides, padding, count_include_pad=op == "avg",
-                           layout=layout)
+                           layout=layout, algo=algo)
 
 
 def as_input(rng, shape, dtype, op):
@@ -175,6 +175,82 @@ def test_forward_backward_match_lax(case, dtype, op, platform):
     assert y.dtype == x.dtype and dx.dtype == x.dtype and dx.shape == x.shape
     assert_close(y, ref_y, dtype, what=f"{case} {op} fwd")
     assert_close(dx, ref_dx, dtype, what=f"{case} {op} bwd")
+
+
+def _registry(platform, direction="fwd"):
+    """Every algorithm name of `platform`'s pool registry for `direction`."""
+    from jaxdnn.ops.pool import PoolProblem, PoolSpec
+    spec = PoolSpec((1, 4, 4, 8), (2, 2), (2, 2), ((0, 0), (0, 0)))
+    problem = PoolProblem("max_fwd" if direction == "fwd" else "avg_bwd", spec,
+                          np.dtype(np.float32))
+    return [a.name for a in jaxdnn.pool_algorithms(problem, "cuda" if platform == "gpu" else
+                                                   platform)]
+
+
+# Every forward algorithm of each platform (forced) against lax, with the backward the
+# platform's, on a grid that reaches each one: windows that tile the input (tile), 3x3/2
+# windows (strip), a global window (global), and others (window).
+ALGO_CASES = {"tile": ((2, 8, 12, 16), 2, 2, "VALID"), "strip": ((2, 9, 11, 16), 3, 2, 1),
+              "global": ((2, 5, 7, 8), (5, 7), None, "VALID"), "other": ((2, 9, 7, 6), 3, 1, 1)}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_every_forward_algorithm(platform, dtype):
+    ran = set()
+    for name in _registry(platform):
+        for case, (shape, window, strides, padding) in ALGO_CASES.items():
+            win, strd, pads = _geometry(shape, window, strides, padding)
+            rng = np.random.default_rng(0)
+            for op in OPS:
+                x = as_input(rng, shape, dtype, op)
+                ct = rand(rng, _out_shape(shape, win, strd, pads), dtype)
+                f = fwd_and_vjp(lambda v: ours(v, op, window, strides, padding, algo=name))
+                try:
+                    y, dx = f(*on(platform, x, ct))
+                except ValueError as e:
+                    assert f"'{name}' cannot run" in str(e), e
+                    continue
+                ref_y, ref_dx = ref_fwd_and_vjp(x, ct, op, win, strd, pads)
+                assert_close(y, ref_y, dtype, what=f"{case} {op} fwd ({name})")
+                assert_close(dx, ref_dx, dtype, what=f"{case} {op} bwd ({name})")
+                ran.add(name)
+    assert ran == set(_registry(platform))
+
+
+def test_pool_algorithms_listing():
+    from jaxdnn.ops.pool import PoolProblem, PoolSpec
+    spec = PoolSpec((1, 4, 4, 8), (2, 2), (2, 2), ((0, 0), (0, 0)))
+    for op, direction, name in [("max_fwd", "fwd", "window"), ("max_fwd_index", "fwd", "window"),
+                                ("avg_bwd", "bwd", "gather"), ("max_gather", "bwd", "gather")]:
+        infos = jaxdnn.pool_algorithms(PoolProblem(op, spec, np.dtype(np.float32)), "cpu")
+        assert [(a.name, a.supported, a.direction) for a in infos] == [(name, True, direction)]
+
+
+@needs_cuda_module
+def test_pool_cuda_listing():
+    from jaxdnn.ops.pool import PoolProblem, PoolSpec
+    spec = PoolSpec((1, 9, 9, 8), (3, 3), (2, 2), ((1, 1), (1, 1)))
+    infos = jaxdnn.pool_algorithms(PoolProblem("max_fwd", spec, np.dtype(np.float32)), "cuda")
+    assert [a.name for a in infos] == ["strip", "window", "global", "tile"]
+    assert [a.supported for a in infos] == [True, True, False, False]
+    assert all(a.reason for a in infos[2:])
+    odd = PoolSpec((1, 9, 9, 3), (3, 3), (2, 2), ((1, 1), (1, 1)))
+    strip = jaxdnn.pool_algorithms(PoolProblem("avg_fwd", odd, np.dtype(np.float32)), "cuda")
+    assert "16-byte" in {a.name: a for a in strip}["strip"].reason
+
+
+def test_forced_pool_algorithm():
+    x = np.random.default_rng(0).standard_normal((2, 6, 6, 4)).astype(np.float32)
+    with jax.default_device(CPU):
+        y = jax.jit(lambda x: jaxdnn.max_pool(x, 2, algo="window"))(x)
+        np.testing.assert_array_equal(y, x.reshape(2, 3, 2, 3, 2, 4).max(axis=(2, 4)))
+        with pytest.raises(ValueError, match="unknown pool algorithm 'gather'"):
+            jaxdnn.avg_pool(x, 2, algo="gather")  # a backward algorithm
+        with pytest.raises(ValueError, match="unknown pool algorithm 'tile'"):
+            jaxdnn.max_pool(x, 2, algo="tile")  # the GPU's
+        with pytest.raises(TypeError, match="`algo` must be None or an algorithm name"):
+            jaxdnn.global_avg_pool(x, algo=1)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

@@ -1,7 +1,7 @@
 // jaxdnn._cpu: the CPU handlers and the CPU conv algorithm registry, as seen from Python.
 
 #include "cc/conv/cpu_algorithms.h"
-#include "cc/norm/norm.h"
+#include "cc/norm/cpu_norm.h"
 #include "cc/ffi/module_common.h"
 
 namespace nb = nanobind;
@@ -32,14 +32,8 @@ NB_MODULE(_cpu, m) {
         throw std::invalid_argument("norm workspace direction must be fwd or bwd");
       },
       nb::arg("direction"), nb::arg("shape"), nb::arg("x_dtype"));
-  // Whether the GPU lowering emits a training forward of this shape as two calls, statistics
-  // and apply (cc/norm/norm.h, jaxdnn/ops/norm.py).
-  m.def(
-      "norm_two_call_forward",
-      [](std::vector<int64_t> shape, std::string x_dtype) {
-        return norm::two_call_forward(norm_shape(shape), ffi_util::dtype_from_name(x_dtype));
-      },
-      nb::arg("shape"), nb::arg("x_dtype"));
+  ffi_util::def_norm_algorithms(m, norm::cpu_algorithms);
+  ffi_util::def_pool_algorithms(m, pool::cpu_algorithms());
   // The CPU has one softmax kernel (cc/softmax/cpu_softmax.cc: rows split over the threads);
   // listed so that selection and explain treat every platform alike.
   m.def(

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include "cc/conv/cuda_algorithms.h"
+#include "cc/norm/cuda_norm.h"
+#include "cc/pool/cuda_pool.h"
 #include "cc/softmax/cuda_softmax.h"
 #include "cc/ffi/module_common.h"
 
@@ -70,6 +72,8 @@ NB_MODULE(_cuda, m) {
         return out;
       },
       nb::arg("rows"), nb::arg("cols"), nb::arg("dtype"));
+  ffi_util::def_norm_algorithms(m, norm::cuda_algorithms);
+  ffi_util::def_pool_algorithms(m, pool::cuda_algorithms());
   m.def("cuda_runtime_version", [] {
     int v = 0;
     cudaRuntimeGetVersion(&v);

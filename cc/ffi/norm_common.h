@@ -1,5 +1,7 @@
-// Norm pieces shared by the CPU and CUDA handlers: the bindings (same operands and attributes
-// on both platforms) and buffers -> norm::Problem with every shape checked.
+// The norm handlers of both platforms: the bindings (same operands and attributes on both
+// platforms), buffers -> norm::Problem with every shape checked, the algorithm named in the call
+// looked up in the platform's registry, and one platform-templated body per target
+// (norm_cpu.cc and norm_cuda.cc instantiate them).
 //
 // Targets. Every operand is a flat vector in the canonical order of cc/norm/norm.h (flat, so
 // that XLA passes the caller's buffers with no relayout copy); the shape attribute gives
@@ -9,17 +11,19 @@
 //   jaxdnn_norm_bwd        dy, dmean, dvar, x, scale, mean, var -> dx, dscale, dbias, workspace
 //   jaxdnn_norm_infer_bwd  dy, x, scale, mean, var            -> dx, dscale, dbias, dmean, dvar,
 //                                                                workspace
-// CUDA only, the training forward as two calls (norm.h's two_call_forward shapes, so that XLA
-// can schedule its statistics passes apart from its writes; jaxdnn/ops/norm.py):
+// CUDA only, the halves of a two-call training forward (norm.h: Algorithm::two_calls;
+// jaxdnn/ops/norm.py):
 //   jaxdnn_norm_fwd_stats  x, scale, bias                     -> mean, var, workspace
 //   jaxdnn_norm_fwd_apply  x, scale, bias, mean, var, workspace -> y
 // Attributes: shape (int64[6]), eps (float32); centered (bool, training targets only: false is
-// RMS norm).
+// RMS norm); algo (string: an algorithm of the platform's registry for the target's pass).
 #pragma once
 
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "cc/ffi/common.h"
 #include "cc/norm/norm.h"
@@ -107,14 +111,6 @@ inline ffi::Error prepare_norm_fwd(const char* target, const ffi::AnyBuffer& x,
         ws.untyped_data()};
   return ffi::Error::Success();
 }
-inline ffi::Error prepare_norm_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
-                                   const ffi::AnyBuffer& bias, ffi::AnyBuffer& y,
-                                   ffi::AnyBuffer& mean, ffi::AnyBuffer& var, ffi::AnyBuffer& ws,
-                                   I64Span shape, float eps, bool centered,
-                                   norm::Problem* p, norm::FwdBuffers* b) {
-  return prepare_norm_fwd("norm_fwd", x, scale, bias, &y, mean, var, ws, shape, eps, centered, p,
-                          b);
-}
 
 // The inference forward, or (ws given) the apply half of the two-call forward: mean and var
 // (and the statistics half's workspace) in.
@@ -137,21 +133,6 @@ inline ffi::Error prepare_norm_apply(const char* target, const ffi::AnyBuffer& x
         const_cast<void*>(mean.untyped_data()), const_cast<void*>(var.untyped_data()),
         ws ? const_cast<void*>(ws->untyped_data()) : nullptr};
   return ffi::Error::Success();
-}
-inline ffi::Error prepare_norm_fwd_apply(const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
-                                         const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mean,
-                                         const ffi::AnyBuffer& var, const ffi::AnyBuffer& ws,
-                                         ffi::AnyBuffer& y, I64Span shape, float eps,
-                                         bool centered, norm::Problem* p, norm::FwdBuffers* b) {
-  return prepare_norm_apply("norm_fwd_apply", x, scale, bias, mean, var, &ws, y, shape, eps,
-                            centered, p, b);
-}
-inline ffi::Error prepare_norm_infer(const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
-                                     const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mean,
-                                     const ffi::AnyBuffer& var, ffi::AnyBuffer& y, I64Span shape,
-                                     float eps, norm::Problem* p, norm::FwdBuffers* b) {
-  return prepare_norm_apply("norm_infer", x, scale, bias, mean, var, nullptr, y, shape, eps, true,
-                            p, b);
 }
 
 // The operands both backward kernels share.
@@ -220,7 +201,7 @@ inline ffi::Error prepare_norm_infer_bwd(const ffi::AnyBuffer& dy, const ffi::An
 }
 
 // Operand lists of the targets (identical on both platforms): kArgs buffers in, kRets out, then
-// the shape and eps attributes and, for the training targets (kCentered), centered. (A binding
+// the shape and eps attributes, for the training targets (kCentered) centered, and algo. (A binding
 // is not movable: each step returns a new one.)
 template <int kArgs, int kRets, bool kCentered, typename B>
 auto bind_norm(B&& b) {
@@ -231,9 +212,10 @@ auto bind_norm(B&& b) {
     return bind_norm<0, kRets - 1, kCentered>(std::forward<B>(b).template Ret<ffi::AnyBuffer>());
   else if constexpr (kCentered)
     return std::forward<B>(b).template Attr<I64Span>("shape").template Attr<float>("eps")
-        .template Attr<bool>("centered");
+        .template Attr<bool>("centered").template Attr<std::string_view>("algo");
   else
-    return std::forward<B>(b).template Attr<I64Span>("shape").template Attr<float>("eps");
+    return std::forward<B>(b).template Attr<I64Span>("shape").template Attr<float>("eps")
+        .template Attr<std::string_view>("algo");
 }
 template <typename B> auto bind_norm_fwd(B b) { return bind_norm<3, 4, true>(std::move(b)); }
 template <typename B> auto bind_norm_fwd_stats(B b) { return bind_norm<3, 3, true>(std::move(b)); }
@@ -241,5 +223,136 @@ template <typename B> auto bind_norm_fwd_apply(B b) { return bind_norm<6, 1, tru
 template <typename B> auto bind_norm_infer(B b) { return bind_norm<5, 1, false>(std::move(b)); }
 template <typename B> auto bind_norm_bwd(B b) { return bind_norm<7, 4, true>(std::move(b)); }
 template <typename B> auto bind_norm_infer_bwd(B b) { return bind_norm<5, 6, false>(std::move(b)); }
+
+// The algorithm named `name` of the platform's registry for `pass`, which must support p and,
+// for a training forward, run as one call (half kAll) or two (a half).
+template <typename Platform>
+ffi::Error find_norm_algorithm(const char* target, norm::Pass pass, norm::Half half,
+                               const norm::Problem& p, std::string_view name,
+                               const norm::Algorithm** out) {
+  const std::string where = std::string("jaxdnn ") + target + ": algorithm '" +
+                            std::string(name) + "'";
+  const norm::Algorithm* a = norm::find_algorithm(Platform::algorithms(pass, p), pass, name);
+  if (a == nullptr) return invalid(where + " is not registered");
+  if (Support s = a->supports(p); !s.ok) return invalid(where + ": " + s.reason);
+  if (a->two_calls != (half != norm::Half::kAll))
+    return invalid(where + (a->two_calls ? " runs as two calls" : " runs as one call"));
+  *out = a;
+  return ffi::Error::Success();
+}
+
+// The handlers' bodies. Platform provides Ctx (the context argument), algorithms(pass, p), and
+// poison(ctx, results), forward(algo, p, b, half, ctx), inference(algo, p, b, ctx),
+// backward(algo, p, b, ctx).
+template <typename Platform>
+struct NormHandlers {
+  using Ctx = typename Platform::Ctx;
+  using Ret = ffi::Result<ffi::AnyBuffer>;
+
+  static ffi::Error Fwd(Ctx ctx, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
+                        Ret y, Ret mean, Ret var, Ret ws, I64Span shape, float eps, bool centered,
+                        std::string_view algo) {
+    return train(ctx, "norm_fwd", norm::Half::kAll, x, scale, bias, &*y, *mean, *var, *ws,
+                 shape, eps, centered, algo, {&y, &mean, &var, &ws});
+  }
+
+  static ffi::Error FwdStats(Ctx ctx, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
+                             Ret mean, Ret var, Ret ws, I64Span shape, float eps, bool centered,
+                             std::string_view algo) {
+    return train(ctx, "norm_fwd_stats", norm::Half::kStats, x, scale, bias, nullptr, *mean, *var,
+                 *ws, shape, eps, centered, algo, {&mean, &var, &ws});
+  }
+
+  static ffi::Error FwdApply(Ctx ctx, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
+                             ffi::AnyBuffer mean, ffi::AnyBuffer var, ffi::AnyBuffer ws, Ret y,
+                             I64Span shape, float eps, bool centered, std::string_view algo) {
+    return apply(ctx, "norm_fwd_apply", norm::Pass::kTrain, norm::Half::kApply, x, scale, bias,
+                 mean, var, &ws, y, shape, eps, centered, algo);
+  }
+
+  static ffi::Error Infer(Ctx ctx, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
+                          ffi::AnyBuffer mean, ffi::AnyBuffer var, Ret y, I64Span shape,
+                          float eps, std::string_view algo) {
+    return apply(ctx, "norm_infer", norm::Pass::kInfer, norm::Half::kAll, x, scale, bias, mean,
+                 var, nullptr, y, shape, eps, true, algo);
+  }
+
+  static ffi::Error Bwd(Ctx ctx, ffi::AnyBuffer dy, ffi::AnyBuffer dmean, ffi::AnyBuffer dvar,
+                        ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer mean,
+                        ffi::AnyBuffer var, Ret dx, Ret dscale, Ret dbias, Ret ws, I64Span shape,
+                        float eps, bool centered, std::string_view algo) {
+    norm::Problem p;
+    norm::BwdBuffers b;
+    if (ffi::Error e = prepare_norm_bwd(dy, dmean, dvar, x, scale, mean, var, *dx, *dscale,
+                                        *dbias, *ws, shape, eps, centered, &p, &b);
+        e.failure())
+      return e;
+    return backward(ctx, "norm_bwd", p, b, algo, {&dx, &dscale, &dbias, &ws});
+  }
+
+  static ffi::Error InferBwd(Ctx ctx, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                             ffi::AnyBuffer mean, ffi::AnyBuffer var, Ret dx, Ret dscale,
+                             Ret dbias, Ret dmean, Ret dvar, Ret ws, I64Span shape, float eps,
+                             std::string_view algo) {
+    norm::Problem p;
+    norm::BwdBuffers b;
+    if (ffi::Error e = prepare_norm_infer_bwd(dy, x, scale, mean, var, *dx, *dscale, *dbias,
+                                              *dmean, *dvar, *ws, shape, eps, &p, &b);
+        e.failure())
+      return e;
+    return backward(ctx, "norm_infer_bwd", p, b, algo, {&dx, &dscale, &dbias, &dmean, &dvar, &ws});
+  }
+
+ private:
+  static ffi::Error train(Ctx ctx, const char* target, norm::Half half, ffi::AnyBuffer& x,
+                          ffi::AnyBuffer& scale, ffi::AnyBuffer& bias, ffi::AnyBuffer* y,
+                          ffi::AnyBuffer& mean, ffi::AnyBuffer& var, ffi::AnyBuffer& ws,
+                          I64Span shape, float eps, bool centered, std::string_view algo,
+                          std::initializer_list<Ret*> results) {
+    norm::Problem p;
+    norm::FwdBuffers b;
+    const norm::Algorithm* a = nullptr;
+    if (ffi::Error e = prepare_norm_fwd(target, x, scale, bias, y, mean, var, ws, shape, eps,
+                                        centered, &p, &b);
+        e.failure())
+      return e;
+    if (ffi::Error e = find_norm_algorithm<Platform>(target, norm::Pass::kTrain, half, p, algo, &a);
+        e.failure())
+      return e;
+    if (ffi::Error e = Platform::poison(ctx, results); e.failure()) return e;
+    return to_error(Platform::forward(*a, p, b, half, ctx));
+  }
+
+  static ffi::Error apply(Ctx ctx, const char* target, norm::Pass pass, norm::Half half,
+                          ffi::AnyBuffer& x, ffi::AnyBuffer& scale, ffi::AnyBuffer& bias,
+                          ffi::AnyBuffer& mean, ffi::AnyBuffer& var, const ffi::AnyBuffer* ws,
+                          Ret& y, I64Span shape, float eps, bool centered,
+                          std::string_view algo) {
+    norm::Problem p;
+    norm::FwdBuffers b;
+    const norm::Algorithm* a = nullptr;
+    if (ffi::Error e = prepare_norm_apply(target, x, scale, bias, mean, var, ws, *y, shape, eps,
+                                          centered, &p, &b);
+        e.failure())
+      return e;
+    if (ffi::Error e = find_norm_algorithm<Platform>(target, pass, half, p, algo, &a); e.failure())
+      return e;
+    if (ffi::Error e = Platform::poison(ctx, {&y}); e.failure()) return e;
+    return to_error(pass == norm::Pass::kTrain ? Platform::forward(*a, p, b, half, ctx)
+                                               : Platform::inference(*a, p, b, ctx));
+  }
+
+  static ffi::Error backward(Ctx ctx, const char* target, const norm::Problem& p,
+                             const norm::BwdBuffers& b, std::string_view algo,
+                             std::initializer_list<Ret*> results) {
+    const norm::Algorithm* a = nullptr;
+    if (ffi::Error e = find_norm_algorithm<Platform>(target, norm::Pass::kBwd, norm::Half::kAll, p,
+                                                     algo, &a);
+        e.failure())
+      return e;
+    if (ffi::Error e = Platform::poison(ctx, results); e.failure()) return e;
+    return to_error(Platform::backward(*a, p, b, ctx));
+  }
+};
 
 }  // namespace jaxdnn::ffi_util

@@ -1,13 +1,16 @@
-// Decoding of the pooling custom calls, shared by the CPU and CUDA handlers
-// (cc/ffi/pool_cpu.cc, cc/ffi/pool_cuda.cc).
+// The pooling handlers of both platforms: decoding of the custom calls, the algorithm named in
+// the call looked up in the platform's registry, and one platform-templated body
+// (cc/ffi/pool_cpu.cc, cc/ffi/pool_cuda.cc instantiate it).
 //
 // Every pooling target has the same binding: its operands and results (how many depends on
 // the op, see pool.h) and the attributes window, stride, pad_lo, pad_hi (3 ints each, for the
-// canonical (N, D, H, W, C) problem of pool.h) and count_include_pad.
+// canonical (N, D, H, W, C) problem of pool.h), count_include_pad and algo (an algorithm of
+// the platform's registry for the op's direction).
 #pragma once
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "cc/ffi/common.h"
@@ -24,7 +27,8 @@ auto bind_pool(Binding b) {
       .template Attr<I64Span>("stride")
       .template Attr<I64Span>("pad_lo")
       .template Attr<I64Span>("pad_hi")
-      .template Attr<bool>("count_include_pad");
+      .template Attr<bool>("count_include_pad")
+      .template Attr<std::string_view>("algo");
 }
 
 struct PoolAttrs {
@@ -123,6 +127,28 @@ inline ffi::Error decode_pool_call(pool::Op op, const ffi::RemainingArgs& args,
   if (two_rets) call->bufs.index_out = call->results[1]->untyped_data();
   call->empty = result.element_count() == 0;
   return ffi::Error::Success();
+}
+
+// The handler of op kOp. Platform provides Ctx (the context argument), algorithms() (its
+// registry), poison(ctx, buffer) and run(algo, args, bufs, ctx).
+template <typename Platform, pool::Op kOp>
+ffi::Error pool_handler(typename Platform::Ctx ctx, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, I64Span window, I64Span stride, I64Span pad_lo,
+                        I64Span pad_hi, bool count_include_pad, std::string_view algo) {
+  PoolCall call;
+  ffi::Error e = decode_pool_call(kOp, args, rets,
+                                  {window, stride, pad_lo, pad_hi, count_include_pad}, &call);
+  if (e.failure()) return e;
+  const std::string where = std::string("jaxdnn pool ") + pool::op_name(kOp) + ": algorithm '" +
+                            std::string(algo) + "'";
+  const pool::Algorithm* a = pool::find_algorithm(Platform::algorithms(), call.args, algo);
+  if (a == nullptr) return invalid(where + " is not registered");
+  if (Support s = a->supports(call.args); !s.ok) return invalid(where + ": " + s.reason);
+  if (call.empty) return ffi::Error::Success();
+  for (auto& r : call.results)
+    if (r)
+      if (ffi::Error p = Platform::poison(ctx, *r); p.failure()) return p;
+  return to_error(Platform::run(*a, call.args, call.bufs, ctx));
 }
 
 }  // namespace jaxdnn::ffi_util

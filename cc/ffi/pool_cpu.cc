@@ -1,5 +1,5 @@
-// XLA:CPU handlers for the pooling ops: decode the call, poison the results, run the kernel on
-// the intra-op thread pool.
+// XLA:CPU handlers for the pooling ops (cc/ffi/pool_common.h holds their body): poison the
+// results on the host, run the kernel on the intra-op thread pool.
 
 #include "cc/ffi/cpu_parallel.h"
 #include "cc/ffi/handlers.h"
@@ -8,23 +8,24 @@
 namespace jaxdnn::ffi_util {
 namespace {
 
-template <pool::Op kOp>
-ffi::Error PoolCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                   I64Span window, I64Span stride, I64Span pad_lo, I64Span pad_hi,
-                   bool count_include_pad) {
-  PoolCall call;
-  ffi::Error e = decode_pool_call(kOp, args, rets,
-                                  {window, stride, pad_lo, pad_hi, count_include_pad}, &call);
-  if (e.failure() || call.empty) return e;
-  for (auto& r : call.results)
-    if (r) poison_host(*r);
-  return to_error(pool::cpu_run(call.args, call.bufs, FfiParallel(pool)));
-}
+struct CpuPool {
+  using Ctx = ffi::ThreadPool;
+  static const std::vector<const pool::Algorithm*>& algorithms() { return pool::cpu_algorithms(); }
+  static ffi::Error poison(Ctx, ffi::AnyBuffer& b) {
+    poison_host(b);
+    return ffi::Error::Success();
+  }
+  // (the CPU has one algorithm per direction)
+  static Status run(const pool::Algorithm&, const pool::Args& a, const pool::Buffers& b,
+                    Ctx pool) {
+    return pool::cpu_run(a, b, FfiParallel(pool));
+  }
+};
 
 }  // namespace
 
 #define JAXDNN_POOL_CPU_HANDLER(name, op, target)                                       \
-  XLA_FFI_DEFINE_HANDLER(kPool##name##Cpu, PoolCpu<op>,                                  \
+  XLA_FFI_DEFINE_HANDLER(kPool##name##Cpu, (pool_handler<CpuPool, op>),                \
                          bind_pool(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));           \
   JAXDNN_REGISTER_CPU_HANDLER(target, kPool##name##Cpu);
 JAXDNN_POOL_TARGETS(JAXDNN_POOL_CPU_HANDLER)

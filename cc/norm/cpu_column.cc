@@ -94,9 +94,9 @@ static_assert(kRegVecs == 8, "with_narrow dispatches NV = 1..8");
 // registers. With all 8 vectors of a 64-column float tile at once (24 state vectors), GCC kept
 // the state on the stack. The AVX-512 clone (32 registers, wide_register_file()) takes all the
 // tile's vectors in one block: one thread, batch_norm 8x56x56x64 float32 training forward
-// (dev/cpu_norm_bench.cc, Xeon with AVX-512, session 23) 769-783 us against 851-855 in two
+// (dev/cpu_norm_bench.cc, Xeon with AVX-512) 769-783 us against 851-855 in two
 // blocks; and, its block loop unrolled whole (by 4, the 8-vector state had stayed on the stack),
-// 628-658 us against 690-713 (session 24, another host).
+// 628-658 us against 690-713 (docs/perf/norm.md, another host).
 constexpr int kRegBlock = 4;
 static_assert(kRegVecs <= 2 * kRegBlock, "for_reg_blocks makes at most two blocks");
 
@@ -250,7 +250,7 @@ JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu
 // coefficients in registers and every row walked once per 4-vector block, and 1.45-1.53 when
 // all 8 vectors' coefficients (24 ymm) went to the stack. The AVX-512 clone keeps all 3*NV
 // coefficient vectors in its 32 registers and walks the rows one by one: 477-483 us against
-// 581-586 in 4-row steps and 460-474 for the plain loop (Xeon, session 23).
+// 581-586 in 4-row steps and 460-474 for the plain loop (Xeon).
 template <int NV, typename T>
 JAXDNN_ALWAYS_INLINE void column_apply_narrow(const FwdView<T>& v, const Tile& t, const S<T>* mu,
                                              const S<T>* gg, const S<T>* bb) {

@@ -122,8 +122,8 @@ struct Moments {
 // Not 64 bytes: without AVX-512, GCC 12 keeps a 64-byte vector that is carried across loop
 // iterations (an accumulator, the column path's register state) in memory, and every update
 // goes through the stack and general registers (vmovq/vpinsrq) with store-forwarding stalls:
-// the row moments ran at 3 ns per value instead of 0.4 on an AVX2 host (benchmarks/NOTES.md,
-// session 13). Elementwise loops carry nothing and were not affected.
+// the row moments ran at 3 ns per value instead of 0.4 on an AVX2 host (docs/perf/norm.md).
+// Elementwise loops carry nothing and were not affected.
 constexpr int kVecBytes = 32;
 using VecF = float __attribute__((vector_size(kVecBytes)));
 using VecD = double __attribute__((vector_size(kVecBytes)));
@@ -177,7 +177,7 @@ JAXDNN_ALWAYS_INLINE void vstore(bf16_t* p, const V<bf16_t>& v) {
   std::memcpy(&u, &v, sizeof u);
   // Round to nearest even in the top half; NaN kept, made quiet. `v != v` is one vcmpps on
   // 32-byte vectors (on 64-byte ones without AVX-512 it was compiled lane by lane: bfloat16
-  // outputs at 0.35-0.42x XLA:CPU, benchmarks/NOTES.md, session 12).
+  // outputs at 0.35-0.42x XLA:CPU, docs/perf/norm.md).
   const U32x8 r = v != v ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
   U16x16 w;
   std::memcpy(&w, &r, sizeof w);
@@ -228,7 +228,7 @@ JAXDNN_ALWAYS_INLINE S<T> hsum(const V<T>& v) {
 // the add's latency) and combines them, and the scalar tail, in a fixed order. With two chains
 // the channels-first statistics pass (contiguous_moments, two L1 passes per block) ran at 16-20
 // GB/s on one core, bound by the chains; batch_norm 8x64x56x56 float32 training forward, one
-// thread, Xeon (session 23): 775-816 us with two, 716-723 with four (eight: 702-735).
+// thread, Xeon (docs/perf/norm.md): 775-816 us with two, 716-723 with four (eight: 702-735).
 constexpr int kChains = 4;
 
 // Sum over x[0..n) of term(value) in the accumulator type; term takes a vector of values or

@@ -1,4 +1,5 @@
-// CPU norm entry points: pick the path (norm.h), run its passes, and merge the partials.
+// The CPU norm registry and entry points: run the path's passes (norm.h), and merge the
+// partials.
 //
 // Merges run in a fixed order (slices, then k), so the result depends only on the shape:
 //   stats   per group (p, c): Chan's update over the (slice, k) partials -> mean, var
@@ -178,6 +179,21 @@ Status with_dtype(const Problem& p, const char* what, Fn&& fn) {
 
 }  // namespace
 }  // namespace cpu
+
+std::vector<const Algorithm*> cpu_algorithms(Pass pass, const Problem&) {
+  static const auto row = [](const Problem& p) { return on_path(p, Path::kRow); };
+  static const auto column = [](const Problem& p) { return on_path(p, Path::kColumn); };
+  static const auto segment = [](const Problem& p) { return on_path(p, Path::kSegment); };
+  static const Algorithm kAll[3][3] = {
+      {{"row", Pass::kTrain, row}, {"column", Pass::kTrain, column},
+       {"segment", Pass::kTrain, segment}},
+      {{"row", Pass::kInfer, row}, {"column", Pass::kInfer, column},
+       {"segment", Pass::kInfer, segment}},
+      {{"row", Pass::kBwd, row}, {"column", Pass::kBwd, column},
+       {"segment", Pass::kBwd, segment}}};
+  const Algorithm* of_pass = kAll[int(pass)];
+  return {&of_pass[0], &of_pass[1], &of_pass[2]};
+}
 
 Status cpu_forward(const Problem& p, const FwdBuffers& b, const Parallel& par) {
   return cpu::with_dtype(p, "forward", [&](auto tag) {

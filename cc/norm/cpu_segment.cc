@@ -11,8 +11,8 @@
 // pass fewer from memory) lost to these passes on a 2-core EPYC with a 32 MB L3, in batch norm
 // (a group strided over the batch) and group norm (contiguous groups) alike: batch_norm
 // 8x64x56x56 float32 409 us median against 586, group_norm 8x128x28x28 (32 groups) 305 against
-// 355, 8x256x56x56 2236 against 3117, bfloat16 430 / 624 and 343 / 417 (benchmarks/NOTES.md,
-// session 30). The passes walk long contiguous runs, which the hardware prefetchers follow.
+// 355, 8x256x56x56 2236 against 3117, bfloat16 430 / 624 and 343 / 417 (docs/perf/norm.md).
+// The passes walk long contiguous runs, which the hardware prefetchers follow.
 
 #include "cc/norm/cpu_kernels.h"
 

@@ -257,7 +257,7 @@ struct FlatColumns {
 // kFlatThreads, blocks in reverse (so that the first ones read what the statistics pass left in
 // L2); the pack's VEC columns' coefficients from the statistics and parameters (a few KB,
 // L1-resident), its column and batch by multiply-high divisions. H200, float32 batch_norm NHWC
-// 64x112x112x64 (kernel trace, NOTES.md session 24): 97.8 us in 128-thread blocks (XLA's
+// 64x112x112x64 (kernel trace, docs/perf/norm.md): 97.8 us in 128-thread blocks (XLA's
 // elementwise fusion: 96.6, also 128), 100.0 in 256-thread ones, the 64-row column_apply 100.2;
 // group_norm NHWC 32x56x56x256: 50.9, 51.6 and ~53 (XLA 49.6). In bfloat16 the per-pack
 // coefficients of 8 columns cost more than they save (batch_norm_inference 68.3 us flat against
@@ -476,9 +476,9 @@ ColumnGrid fused_grid(const Shape& s, int vec, int64_t blocks) {
 // Rows per block of the elementwise passes (apply, dx), by element size E: 64 rows of float32
 // (C = 64: 16 x 16 threads, 4 rows of 16 bytes each, 16 KB per block). 16-bit types take 128,
 // so that a thread still has 4 loads in flight and a block moves the same bytes: with 64 rows,
-// bfloat16 batch_norm_inference ran at 1.7 TB/s against float32's 2.9 (NOTES.md). float32
+// bfloat16 batch_norm_inference ran at 1.7 TB/s against float32's 2.9 (docs/perf/norm.md). float32
 // with 16, 32, 128 or 256 rows: 274, 148, 103 and 106 us against 64's 100 (batch_norm_inference
-// NHWC 64x112x112x64, kernel trace, session 22): fewer rows load the coefficients for fewer
+// NHWC 64x112x112x64, kernel trace): fewer rows load the coefficients for fewer
 // packs, more rows issue their loads in more batches of kLoadsInFlight.
 template <typename E>
 constexpr int64_t apply_rows() {
@@ -499,7 +499,7 @@ Status launch_columns(const View& v, bool aligned, Kernel scalar, Kernel vector,
 
 // Rows per slice of the statistics pass: about three blocks per SM (one wave of the 16-bit
 // kernel's), long-lived blocks whose tree merge and first loads are paid once per 1-2K rows. H200,
-// batch_norm NHWC 64x112x112x64 float32 (NOTES.md, session 20): 2048-row slices 51.8 us, the
+// batch_norm NHWC 64x112x112x64 float32 (docs/perf/norm.md): 2048-row slices 51.8 us, the
 // partial passes' 512 (rows_per_slice) 57.3.
 int64_t column_stats_rows(const Shape& s, int vec) {
   const int64_t rps = shared_rows(s, vec, 3 * int64_t(cuda::sm_count()));
@@ -514,22 +514,36 @@ Status column_stats(const Fwd<D>& f, cudaStream_t st) {
 }
 
 template <typename D>
-Status column_apply(const Fwd<D>& f, cudaStream_t st) {
+Support column_flat_support(const Shape& s) {
+  constexpr int N = Vec<D>::kN;
+  if (sizeof(D) < 4) return Support::No("the flat apply is for 4- and 8-byte types");
+  if (s.CK() % N != 0)
+    return Support::No("rows of C*K = " + std::to_string(s.CK()) + " values are not whole " +
+                       "16-byte vectors");
+  if (s.elems() / N >= (int64_t(1) << 31)) return Support::No("more than 2^31 vectors");
+  return Support::Yes();
+}
+
+template <typename D>
+Status column_flat_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
   const Shape& s = f.s;
-  static const bool flat_off = env_switch("JAXDNN_NORM_NO_FLAT") == '1';  // (A/B runs)
+  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
+    return Status::Error("norm column flat apply: x and y must be 16-byte aligned");
   if constexpr (sizeof(D) >= 4) {
-    if (!flat_off && s.CK() % N == 0 && s.elems() / N < (int64_t(1) << 31) &&
-        cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y)) {
-      const int64_t packs = s.elems() / N;
-      const FlatColumns fc{unsigned(packs), cuda::FastDiv(uint32_t(s.CK() / N)),
-                           cuda::FastDiv(uint32_t(s.A)), cuda::FastDiv(uint32_t(s.Pq())),
-                           cuda::FastDiv(uint32_t(s.K))};
-      return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N>,
-                          unsigned((packs + kFlatThreads - 1) / kFlatThreads), kFlatThreads, 0,
-                          st, f, fc);
-    }
+    const int64_t packs = s.elems() / N;
+    const FlatColumns fc{unsigned(packs), cuda::FastDiv(uint32_t(s.CK() / N)),
+                         cuda::FastDiv(uint32_t(s.A)), cuda::FastDiv(uint32_t(s.Pq())),
+                         cuda::FastDiv(uint32_t(s.K))};
+    return cuda::launch("norm column_flat_apply_kernel", column_flat_apply_kernel<D, N>,
+                        unsigned((packs + kFlatThreads - 1) / kFlatThreads), kFlatThreads, 0, st,
+                        f, fc);
   }
+  return Status::Error("norm column flat apply: 16-bit types take the tiled apply");
+}
+
+template <typename D>
+Status column_apply(const Fwd<D>& f, cudaStream_t st) {
   return launch_columns(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
                         column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN,
                         apply_rows<D>(), "norm column_apply_kernel", st);
@@ -552,18 +566,31 @@ Status column_dx(const Bwd<D>& b, cudaStream_t st) {
 }
 
 template <typename D>
-Status column_fused(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+Support column_fused_support(const Shape& s) {
   constexpr int N = Vec<D>::kN;
-  const Shape& s = f.s;
-  *ran = false;
-  if (s.CK() % N != 0 || !cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y)) return Status::Ok();
+  if (s.CK() % N != 0)
+    return Support::No("rows of C*K = " + std::to_string(s.CK()) + " values are not whole " +
+                       "16-byte vectors");
+  FusedCapacity cap;
+  if (Status st = fused_capacity<column_fused_kernel<D, N>>(&cap); !st.ok())
+    return Support::No(st.message);
+  if (fused_grid(s, N, cap.blocks).blocks == 0)
+    return Support::No("more (batch, column tile)s than co-resident blocks (" +
+                       std::to_string(cap.blocks) + ")");
+  return Support::Yes();
+}
+
+template <typename D>
+Status column_fused(const Fwd<D>& f, cudaStream_t st) {
+  constexpr int N = Vec<D>::kN;
+  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
+    return Status::Error("norm column single pass: x and y must be 16-byte aligned");
   constexpr auto kernel = column_fused_kernel<D, N>;
   FusedCapacity cap;
   Status status = fused_capacity<kernel>(&cap);
   if (!status.ok()) return status;
-  const ColumnGrid g = fused_grid(s, N, cap.blocks);
-  if (g.blocks == 0) return status;
-  *ran = true;
+  const ColumnGrid g = fused_grid(f.s, N, cap.blocks);
+  if (g.blocks == 0) return Status::Error("norm column single pass: the grid does not fit");
   return launch_cooperative(kernel, g.blocks, cap.stash_bytes, st, "norm column_fused_kernel", f,
                             g, cap.stash_bytes / int64_t(sizeof(D)));
 }
@@ -572,6 +599,9 @@ JAXDNN_NORM_CUDA_INSTANTIATE(column_stats, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(column_apply, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(column_grads, Bwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(column_dx, Bwd);
-JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(column_fused);
+JAXDNN_NORM_CUDA_INSTANTIATE(column_flat_apply, Fwd);
+JAXDNN_NORM_CUDA_INSTANTIATE(column_fused, Fwd);
+JAXDNN_NORM_CUDA_INSTANTIATE_SUPPORT(column_flat_support);
+JAXDNN_NORM_CUDA_INSTANTIATE_SUPPORT(column_fused_support);
 
 }  // namespace jaxdnn::norm::cuda_impl

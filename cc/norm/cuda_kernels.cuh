@@ -25,7 +25,7 @@
 // 26 MB on an H200) nor the L2 kept, against 2 reads + 1 write for the three-pass fallback.
 // Fewer bytes are not less time in float32: on the H200 a one-wave loop like phase 3 moves reads
 // plus writes at 3.5-3.7 TB/s, a flat grid of one pack per thread (XLA's elementwise shape) at
-// 4.0 (dev/copy_probe.cu), and that costs about what the stash saves (NOTES.md, session 17).
+// 4.0 (dev/copy_probe.cu), and that costs about what the stash saves (docs/perf/norm.md).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -344,9 +344,10 @@ __device__ __forceinline__ void load_words(const Acc* p, Acc (&out)[VEC]) {
 
 // One block per SM (its shared memory is nearly all stash), 16 warps with 8 loads of 16 bytes
 // each in flight: 64 KB per SM. 256 threads with 16 loads each (the same bytes in flight) kept
-// DRAM only 35-60% busy on the H200 (NOTES.md: warps, not unrolled loads, hide latency); 512
-// threads fit 128 registers each without spilling (106-128 used), 1024 would spill (64).
-// Measured against 256/16 in one H200 run (NOTES.md): 1.03-1.34x on the batch_norm and
+// DRAM only 35-60% busy on the H200 (docs/perf/norm.md: warps, not unrolled loads, hide
+// latency); 512 threads fit 128 registers each without spilling (106-128 used), 1024 would
+// spill (64).
+// Measured against 256/16 in one H200 run (docs/perf/norm.md): 1.03-1.34x on the batch_norm and
 // group_norm training forwards.
 constexpr int kFusedThreads = 512;
 constexpr int kFusedInFlight = 8;
@@ -391,7 +392,7 @@ __device__ __forceinline__ void ring_stream(int64_t n, Src src, Slot slot, F f) 
 // A statistics group's partials summed about a common shift (the group's first partial's
 // mean): n, s1 = sum n_i d_i and s2 = sum (M2_i + n_i d_i^2), d_i = mean_i - shift; then
 // mean = shift + s1/n and M2 = s2 - s1^2/n. Additions only: Chan's update divides at every
-// merge, and a merge is one latency chain of such steps (ncu, session 21: 14 cycles per issued
+// merge, and a merge is one latency chain of such steps (ncu: 14 cycles per issued
 // instruction, ~1300 dependent instructions per warp). The subtraction costs at most
 // log2(1 + n/n_0) bits of the double (n_0 the first partial's count: n_0 d^2 <= M2 for the
 // overall mean), 12 of 53 for 4096 equal partials.
@@ -628,17 +629,19 @@ Status launch_cooperative(void (*kernel)(Params...), int64_t grid, int64_t smem,
   return cuda::check(cudaLaunchKernelEx(&cfg, kernel, args...), name);
 }
 
-// Single-pass training forwards; *ran is false (and nothing is enqueued) when the problem does
-// not qualify: rows / segments not 16-byte vectors, or more groups of rows than resident blocks.
-template <typename D> Status column_fused(const Fwd<D>& f, cudaStream_t st, bool* ran);
-template <typename D> Status segment_fused(const Fwd<D>& f, cudaStream_t st, bool* ran);
-// The segment path's split training forward (cuda_segment.cu), where it applies (*ran): whole,
-// or its statistics half (mean, var and the table) and its apply half (y from the table), which
-// the two-call forward (cuda_forward_stats, cuda_forward_apply) runs as separate XLA calls.
-// The apply half applies wherever the statistics half did and y is aligned.
-template <typename D> Status segment_split(const Fwd<D>& f, cudaStream_t st, bool* ran);
-template <typename D> Status segment_split_stats(const Fwd<D>& f, cudaStream_t st, bool* ran);
-template <typename D> Status segment_split_apply(const Fwd<D>& f, cudaStream_t st, bool* ran);
+// Single-pass training forwards (cooperative; x and y 16-byte aligned): whether the problem
+// qualifies (rows / segments of 16-byte vectors, every group of rows on a resident block), and
+// the launch.
+template <typename D> Support column_fused_support(const Shape& s);
+template <typename D> Status column_fused(const Fwd<D>& f, cudaStream_t st);
+template <typename D> Support segment_fused_support(const Shape& s);
+template <typename D> Status segment_fused(const Fwd<D>& f, cudaStream_t st);
+// The segment path's split training forward (cuda_segment.cu): where it applies, its statistics
+// half (mean, var and the table) and its apply half (y from the table), run in one XLA call or
+// in two (the two-call algorithms, cuda_norm.cu).
+template <typename D> Support segment_split_support(const Shape& s);
+template <typename D> Status segment_split_stats(const Fwd<D>& f, cudaStream_t st);
+template <typename D> Status segment_split_apply(const Fwd<D>& f, cudaStream_t st);
 
 template <typename D> Status row_forward(const Fwd<D>& f, cudaStream_t st);
 // *slices: the d(scale), d(bias) partial rows it wrote per affine row (<= row_bwd_max_slices).
@@ -648,6 +651,9 @@ template <typename D> Status row_backward(const Bwd<D>& b, int64_t* slices, cuda
 int64_t column_stats_rows(const Shape& s, int vec);
 template <typename D> Status column_stats(const Fwd<D>& f, cudaStream_t st);
 template <typename D> Status column_apply(const Fwd<D>& f, cudaStream_t st);
+// The column apply as a flat grid of 16-byte packs (4- and 8-byte types; x and y aligned).
+template <typename D> Support column_flat_support(const Shape& s);
+template <typename D> Status column_flat_apply(const Fwd<D>& f, cudaStream_t st);
 template <typename D> Status column_grads(const Bwd<D>& b, cudaStream_t st);
 template <typename D> Status column_dx(const Bwd<D>& b, cudaStream_t st);
 
@@ -661,10 +667,10 @@ template <typename D> Status segment_dx(const Bwd<D>& b, cudaStream_t st);
   template Status fn<double>(const View<double>&, cudaStream_t);              \
   template Status fn<__half>(const View<__half>&, cudaStream_t);              \
   template Status fn<__nv_bfloat16>(const View<__nv_bfloat16>&, cudaStream_t)
-#define JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(fn)                                         \
-  template Status fn<float>(const Fwd<float>&, cudaStream_t, bool*);                   \
-  template Status fn<double>(const Fwd<double>&, cudaStream_t, bool*);                 \
-  template Status fn<__half>(const Fwd<__half>&, cudaStream_t, bool*);                 \
-  template Status fn<__nv_bfloat16>(const Fwd<__nv_bfloat16>&, cudaStream_t, bool*)
+#define JAXDNN_NORM_CUDA_INSTANTIATE_SUPPORT(fn)      \
+  template Support fn<float>(const Shape&);           \
+  template Support fn<double>(const Shape&);          \
+  template Support fn<__half>(const Shape&);          \
+  template Support fn<__nv_bfloat16>(const Shape&)
 
 }  // namespace jaxdnn::norm::cuda_impl

@@ -1,9 +1,13 @@
-// CUDA norm entry points: pick the path (norm.h), enqueue its passes, and merge the partials.
-// Training forward of the column and segment paths: on the segment path the split forward
-// (cuda_segment.cu) where it applies, then the single-pass cooperative kernel
-// (cuda_kernels.cuh) where it applies, else three passes: stats, merge, apply. The two-call
-// forward (Half) runs the statistics (the split's, or stats and merge) and the apply as separate
-// XLA calls.
+// The CUDA norm registry and entry points: each algorithm enqueues its passes and merges the
+// partials. Training forwards of the column and segment paths:
+//   *_single_pass     the cooperative single-pass kernel (cuda_kernels.cuh): one read of x.
+//   *_three_pass      stats, merge, apply in one XLA call.
+//   *_two_call        stats and merge, then apply, as two XLA calls (Half).
+//   segment_split     the split forward (cuda_segment.cu): per-unit statistics and a merge into
+//                     a coefficient table, then a flat apply from the table; *_two_call as two
+//                     XLA calls.
+//   *_flat            the column apply as a flat grid of 16-byte packs (4- and 8-byte types),
+//                     else the tiled column apply.
 //
 // Merge kernels (fixed combination order, so results are bitwise reproducible):
 //   stats   a team of warps per group (p, c) (merge_groups, cuda_kernels.cuh): threads take the
@@ -16,7 +20,6 @@
 
 #include <limits>
 
-#include "cc/common/env.h"
 #include "cc/norm/cuda_kernels.cuh"
 #include "cc/norm/cuda_norm.h"
 
@@ -63,7 +66,7 @@ __global__ void __launch_bounds__(kMergeThreads) grad_merge_kernel(Bwd<D> b, int
 
 // 32 columns x 32 splits of the partial rows per block, each thread's loop unrolled by 8, so that
 // many loads are in flight: a 4096-wide layer norm's 264-512 partial rows (8.7-16.8 MB) reduce in
-// 4.5-6.7 us on the H200 (benchmarks/NOTES.md, session 25).
+// 4.5-6.7 us on the H200 (docs/perf/norm.md).
 constexpr int kParamCols = 32, kParamSplits = 32;
 
 // dscale[q, j] = sum_r ws0[(q*R + r)*CK + j], dbias likewise from ws1.
@@ -144,78 +147,36 @@ Status memset_bytes(void* p, int value, int64_t bytes, cudaStream_t st) {
   return Status::Ok();
 }
 
-// The split and single-pass training forwards where they apply, unless JAXDNN_NORM_NO_FUSED=1
-// (the three passes: stats, merge, apply); JAXDNN_NORM_NO_SPLIT=1 leaves out the split one
-// (the two-call forward then runs the three passes). Benchmarks compare them so.
-bool use_fused() {
-  static const bool off = env_switch("JAXDNN_NORM_NO_FUSED") == '1';
-  return !off;
-}
-bool use_split() {
-  static const bool off = env_switch("JAXDNN_NORM_NO_SPLIT") == '1';
-  return use_fused() && !off;
-}
-
-// What a forward call runs: all of it, or one half of the two-call training forward.
-enum class Half { kAll, kStats, kApply };
+// What a training forward algorithm runs besides the single-pass kernels: its statistics
+// (the split forward's, or stats and merge) and its apply (split, flat or tiled).
+struct Passes {
+  bool split = false, flat = false;
+};
 
 template <typename D>
-Status forward(const Problem& p, const FwdBuffers& b, bool training, cudaStream_t st,
-               Half half = Half::kAll) {
+Status stats_half(const Fwd<D>& f, Passes ps, cudaStream_t st) {
+  if (ps.split) return segment_split_stats(f, st);
+  return run_steps(
+      [&] { return path_of(f.s) == Path::kColumn ? column_stats(f, st) : segment_stats(f, st); },
+      [&] { return merge_stats(f, st); });
+}
+
+template <typename D>
+Status apply_half(const Fwd<D>& f, Passes ps, cudaStream_t st) {
+  if (ps.split) return segment_split_apply(f, st);
+  if (ps.flat) return column_flat_apply(f, st);
+  return path_of(f.s) == Path::kColumn ? column_apply(f, st) : segment_apply(f, st);
+}
+
+template <typename D>
+Fwd<D> fwd_view(const Problem& p, const FwdBuffers& b, bool training) {
   using Acc = A<D>;
   auto* ws = static_cast<double*>(b.ws);
-  const Fwd<D> f{p.s, p.centered, training, Acc(p.eps), static_cast<const D*>(b.x),
-                 static_cast<const Acc*>(b.scale), static_cast<const Acc*>(b.bias),
-                 static_cast<D*>(b.y), static_cast<Acc*>(b.mean), static_cast<Acc*>(b.var),
-                 ws, ws ? ws + fwd_partials(p.s) : nullptr,
-                 ws ? reinterpret_cast<Acc*>(ws + 2 * fwd_partials(p.s)) : nullptr};
-  if (half != Half::kAll && (!training || path_of(p.s) == Path::kRow))
-    return Status::Error("norm: the two-call forward is for training, column and segment paths");
-  if (p.s.elems() == 0) {  // empty groups: NaN statistics (0xFF bytes are NaN)
-    if (!training || half == Half::kApply) return Status::Ok();
-    return run_steps([&] { return memset_bytes(f.mean, 0xFF, p.s.groups() * sizeof(Acc), st); },
-                     [&] { return memset_bytes(f.var, 0xFF, p.s.groups() * sizeof(Acc), st); });
-  }
-  switch (path_of(p.s)) {
-    case Path::kRow:
-      return row_forward(f, st);
-    case Path::kColumn: {
-      if (!training || half == Half::kApply) return column_apply(f, st);
-      if (half == Half::kStats)
-        return run_steps([&] { return column_stats(f, st); }, [&] { return merge_stats(f, st); });
-      bool fused = false;
-      if (use_fused()) {
-        if (Status s = column_fused(f, st, &fused); !s.ok() || fused) return s;
-      }
-      return run_steps([&] { return column_stats(f, st); }, [&] { return merge_stats(f, st); },
-                       [&] { return column_apply(f, st); });
-    }
-    case Path::kSegment: {
-      if (!training) return segment_apply(f, st);
-      bool ran = false;
-      if (half == Half::kStats) {
-        if (use_split()) {
-          if (Status s = segment_split_stats(f, st, &ran); !s.ok() || ran) return s;
-        }
-        return run_steps([&] { return segment_stats(f, st); }, [&] { return merge_stats(f, st); });
-      }
-      if (half == Half::kApply) {
-        if (use_split()) {
-          if (Status s = segment_split_apply(f, st, &ran); !s.ok() || ran) return s;
-        }
-        return segment_apply(f, st);
-      }
-      if (use_split()) {
-        if (Status s = segment_split(f, st, &ran); !s.ok() || ran) return s;
-      }
-      if (use_fused()) {
-        if (Status s = segment_fused(f, st, &ran); !s.ok() || ran) return s;
-      }
-      return run_steps([&] { return segment_stats(f, st); }, [&] { return merge_stats(f, st); },
-                       [&] { return segment_apply(f, st); });
-    }
-  }
-  return Status::Error("norm: unknown path");
+  return {p.s, p.centered, training, Acc(p.eps), static_cast<const D*>(b.x),
+          static_cast<const Acc*>(b.scale), static_cast<const Acc*>(b.bias),
+          static_cast<D*>(b.y), static_cast<Acc*>(b.mean), static_cast<Acc*>(b.var),
+          ws, ws ? ws + fwd_partials(p.s) : nullptr,
+          ws ? reinterpret_cast<Acc*>(ws + 2 * fwd_partials(p.s)) : nullptr};
 }
 
 template <typename D>
@@ -279,34 +240,147 @@ Status with_dtype(const Problem& p, const char* what, Fn&& fn) {
   return out;
 }
 
+// Support of a kernel's dtype-dependent check (check(D{}, shape)), on `path`. An empty problem
+// runs no kernel.
+template <typename Check>
+Support on_path_typed(const Problem& p, Path path, Check&& check) {
+  if (Support s = on_path(p, path); !s.ok || p.s.elems() == 0) return s;
+  Support out = Support::No(std::string("unsupported dtype ") + dtype_name(p.dtype));
+  dispatch_io(p.dtype, p.dtype,
+              [&](auto tag, auto) { out = check(device_t<decltype(tag)>{}, p.s); });
+  return out;
+}
+
+Support row_path(const Problem& p) { return on_path(p, Path::kRow); }
+Support column_path(const Problem& p) { return on_path(p, Path::kColumn); }
+Support segment_path(const Problem& p) { return on_path(p, Path::kSegment); }
+Support column_flat(const Problem& p) {
+  return on_path_typed(p, Path::kColumn,
+                       [](auto d, const Shape& s) { return column_flat_support<decltype(d)>(s); });
+}
+Support column_single_pass(const Problem& p) {
+  return on_path_typed(p, Path::kColumn,
+                       [](auto d, const Shape& s) { return column_fused_support<decltype(d)>(s); });
+}
+Support segment_single_pass(const Problem& p) {
+  return on_path_typed(p, Path::kSegment, [](auto d, const Shape& s) {
+    return segment_fused_support<decltype(d)>(s);
+  });
+}
+Support segment_split(const Problem& p) {
+  return on_path_typed(p, Path::kSegment, [](auto d, const Shape& s) {
+    return segment_split_support<decltype(d)>(s);
+  });
+}
+
+const Algorithm kRowTrain{"row", Pass::kTrain, row_path};
+const Algorithm kColumnTwoCallFlat{"column_two_call_flat", Pass::kTrain, column_flat, true};
+const Algorithm kColumnTwoCall{"column_two_call", Pass::kTrain, column_path, true};
+const Algorithm kColumnSinglePass{"column_single_pass", Pass::kTrain, column_single_pass};
+const Algorithm kColumnThreePassFlat{"column_three_pass_flat", Pass::kTrain, column_flat};
+const Algorithm kColumnThreePass{"column_three_pass", Pass::kTrain, column_path};
+const Algorithm kSegmentSplitTwoCall{"segment_split_two_call", Pass::kTrain, segment_split, true};
+const Algorithm kSegmentSplit{"segment_split", Pass::kTrain, segment_split};
+const Algorithm kSegmentSinglePass{"segment_single_pass", Pass::kTrain, segment_single_pass};
+const Algorithm kSegmentTwoCall{"segment_two_call", Pass::kTrain, segment_path, true};
+const Algorithm kSegmentThreePass{"segment_three_pass", Pass::kTrain, segment_path};
+const Algorithm kRowInfer{"row", Pass::kInfer, row_path};
+const Algorithm kColumnFlatInfer{"column_flat", Pass::kInfer, column_flat};
+const Algorithm kColumnInfer{"column", Pass::kInfer, column_path};
+const Algorithm kSegmentInfer{"segment", Pass::kInfer, segment_path};
+const Algorithm kRowBwd{"row", Pass::kBwd, row_path};
+const Algorithm kColumnBwd{"column", Pass::kBwd, column_path};
+const Algorithm kSegmentBwd{"segment", Pass::kBwd, segment_path};
+
+Passes passes_of(const Algorithm& a) {
+  return {&a == &kSegmentSplitTwoCall || &a == &kSegmentSplit,
+          &a == &kColumnTwoCallFlat || &a == &kColumnThreePassFlat || &a == &kColumnFlatInfer};
+}
+
 }  // namespace
 }  // namespace cuda_impl
 
-Status cuda_forward(const Problem& p, const FwdBuffers& b, cudaStream_t stream) {
-  return cuda_impl::with_dtype(p, "forward", [&](auto tag) {
-    return cuda_impl::forward<decltype(tag)>(p, b, /*training=*/true, stream);
+// The heuristic order, today's measured best first:
+// - two calls, statistics then apply, where the segment path's split forward applies (segments
+//   of at least kSplitMinSegment values) and on the column path for 4- and 8-byte values, so that
+//   XLA schedules the statistics passes of independent ops apart from their writes (a read right
+//   after a ~200 MB write pays for the L2's dirty lines): float32 batch_norm NHWC 0.92-0.94x XLA
+//   as one call, 0.96 as two; float32 group_norm NHWC 32x56x56x256 84.4-84.6 us of GPU time as
+//   two calls (the apply a flat grid) against 86.0 for the single-pass kernel. In 16-bit types
+//   two calls were slower (batch and group norm, by 2-3%), so they take the single-pass kernel.
+// - the flat column apply for 4- and 8-byte types, the tiled one for 16-bit types (whose 8
+//   columns' per-pack coefficients cost more than they save). H200 figures: docs/perf/norm.md.
+std::vector<const Algorithm*> cuda_algorithms(Pass pass, const Problem& p) {
+  using namespace cuda_impl;
+  switch (pass) {
+    case Pass::kTrain: {
+      const bool wide = dtype_bytes(p.dtype) >= 4;
+      std::vector<const Algorithm*> column =
+          wide ? std::vector<const Algorithm*>{&kColumnTwoCallFlat, &kColumnTwoCall,
+                                               &kColumnSinglePass, &kColumnThreePassFlat,
+                                               &kColumnThreePass}
+               : std::vector<const Algorithm*>{&kColumnSinglePass, &kColumnThreePass,
+                                               &kColumnTwoCall, &kColumnThreePassFlat,
+                                               &kColumnTwoCallFlat};
+      std::vector<const Algorithm*> segment =
+          segment_split_shape(p.s)
+              ? std::vector<const Algorithm*>{&kSegmentSplitTwoCall, &kSegmentTwoCall,
+                                              &kSegmentSplit, &kSegmentSinglePass,
+                                              &kSegmentThreePass}
+              : std::vector<const Algorithm*>{&kSegmentSinglePass, &kSegmentThreePass,
+                                              &kSegmentTwoCall, &kSegmentSplit,
+                                              &kSegmentSplitTwoCall};
+      std::vector<const Algorithm*> all{&kRowTrain};
+      all.insert(all.end(), column.begin(), column.end());
+      all.insert(all.end(), segment.begin(), segment.end());
+      return all;
+    }
+    case Pass::kInfer:
+      return {&kRowInfer, &kColumnFlatInfer, &kColumnInfer, &kSegmentInfer};
+    case Pass::kBwd:
+      return {&kRowBwd, &kColumnBwd, &kSegmentBwd};
+  }
+  return {};
+}
+
+Status cuda_forward(const Algorithm& algo, const Problem& p, const FwdBuffers& b, Half half,
+                    cudaStream_t stream) {
+  using namespace cuda_impl;
+  return with_dtype(p, "forward", [&](auto tag) -> Status {
+    using D = decltype(tag);
+    using Acc = A<D>;
+    const Fwd<D> f = fwd_view<D>(p, b, /*training=*/true);
+    if (p.s.elems() == 0) {  // empty groups: NaN statistics (0xFF bytes are NaN)
+      if (half == Half::kApply) return Status::Ok();
+      return run_steps(
+          [&] { return memset_bytes(f.mean, 0xFF, p.s.groups() * sizeof(Acc), stream); },
+          [&] { return memset_bytes(f.var, 0xFF, p.s.groups() * sizeof(Acc), stream); });
+    }
+    if (&algo == &kRowTrain) return row_forward(f, stream);
+    if (&algo == &kColumnSinglePass) return column_fused(f, stream);
+    if (&algo == &kSegmentSinglePass) return segment_fused(f, stream);
+    const Passes ps = passes_of(algo);
+    if (half == Half::kStats) return stats_half(f, ps, stream);
+    if (half == Half::kApply) return apply_half(f, ps, stream);
+    return run_steps([&] { return stats_half(f, ps, stream); },
+                     [&] { return apply_half(f, ps, stream); });
   });
 }
 
-Status cuda_forward_stats(const Problem& p, const FwdBuffers& b, cudaStream_t stream) {
-  return cuda_impl::with_dtype(p, "forward statistics", [&](auto tag) {
-    return cuda_impl::forward<decltype(tag)>(p, b, true, stream, cuda_impl::Half::kStats);
+Status cuda_inference(const Algorithm& algo, const Problem& p, const FwdBuffers& b,
+                      cudaStream_t stream) {
+  using namespace cuda_impl;
+  return with_dtype(p, "inference", [&](auto tag) -> Status {
+    using D = decltype(tag);
+    const Fwd<D> f = fwd_view<D>(p, b, /*training=*/false);
+    if (p.s.elems() == 0) return Status::Ok();
+    if (&algo == &kRowInfer) return row_forward(f, stream);
+    return apply_half(f, passes_of(algo), stream);
   });
 }
 
-Status cuda_forward_apply(const Problem& p, const FwdBuffers& b, cudaStream_t stream) {
-  return cuda_impl::with_dtype(p, "forward apply", [&](auto tag) {
-    return cuda_impl::forward<decltype(tag)>(p, b, true, stream, cuda_impl::Half::kApply);
-  });
-}
-
-Status cuda_inference(const Problem& p, const FwdBuffers& b, cudaStream_t stream) {
-  return cuda_impl::with_dtype(p, "inference", [&](auto tag) {
-    return cuda_impl::forward<decltype(tag)>(p, b, /*training=*/false, stream);
-  });
-}
-
-Status cuda_backward(const Problem& p, const BwdBuffers& b, cudaStream_t stream) {
+Status cuda_backward(const Algorithm&, const Problem& p, const BwdBuffers& b,
+                     cudaStream_t stream) {
   return cuda_impl::with_dtype(
       p, "backward", [&](auto tag) { return cuda_impl::backward<decltype(tag)>(p, b, stream); });
 }

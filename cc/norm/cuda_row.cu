@@ -153,8 +153,7 @@ __device__ __forceinline__ void ring_wait(int stages) {
 // up to 128 registers a thread (a 16-value thread keeps 32 accumulators, a 32-value one 64):
 // 256-thread blocks two to an SM, 512-thread ones one. At three 256-thread blocks per SM, 80
 // registers, it spilled and took 360 us instead of 243 on a 32768x4096 bfloat16 layer norm; two
-// 512-thread blocks, 64 registers, took 149 us on a 4000x8192 one (1.32 TB/s; benchmarks/NOTES.md,
-// session 27).
+// 512-thread blocks, 64 registers, took 149 us on a 4000x8192 one (1.32 TB/s; docs/perf/norm.md).
 template <typename D, int VEC, int NV, int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
     row_bwd_kernel(Bwd<D> b, int64_t slices, int stages) {
@@ -181,7 +180,7 @@ __global__ void __launch_bounds__(kMaxThreads, 512 / kMaxThreads)
   // This thread's scale values, copied once into shared memory after the ring (its own slots,
   // so no barrier): unit h (U values) of pack i at unit(i, h), a warp's 16-byte units side by
   // side. Read twice per row from there instead of from L1: on a 32768x4096 bfloat16 layer norm
-  // 236 -> 229 us, 8192x16384 273 -> 248 (benchmarks/NOTES.md, session 30).
+  // 236 -> 229 us, 8192x16384 273 -> 248 (docs/perf/norm.md).
   constexpr int U = VEC % Vec<Acc>::kN == 0 ? Vec<Acc>::kN : 1, kSub = VEC / U;
   Acc* const sscale =
       reinterpret_cast<Acc*>(reinterpret_cast<D*>(ring_words) + ring_len) + lin * U;
@@ -373,8 +372,7 @@ __global__ void __launch_bounds__(kFwdStreamThreads) row_fwd_stream_kernel(Fwd<D
 // compiler knows. Each thread owns the same columns in every sweep, so its d(scale), d(bias)
 // sums (dg, db) need no barrier: they live in shared memory ((2, K)) where they fit, else in the
 // block's own workspace rows (512 blocks of 256 threads each with its workspace rows, 64 MB at
-// 16384 wide, spilled from L2 to HBM: 0.4 TB/s in bfloat16, 0.8 in float32; benchmarks/NOTES.md,
-// session 29).
+// 16384 wide, spilled from L2 to HBM: 0.4 TB/s in bfloat16, 0.8 in float32; docs/perf/norm.md).
 constexpr int kBwdStreamThreads = 1024;
 
 template <typename D, int VEC>
@@ -498,7 +496,7 @@ struct RowConfig {
 // register budget) that still leave the row a warp of threads, since the per-row work (the row
 // sums, the coefficients, the copies' addresses) is the same for every thread whatever its
 // share: a 4096-wide row takes 256 threads x 16 values (at 8 values a thread, 512 threads, that
-// work was half of the instructions; benchmarks/NOTES.md, session 26). Up to `max_rt` threads
+// work was half of the instructions; docs/perf/norm.md). Up to `max_rt` threads
 // per row; beyond that the row streams.
 inline RowConfig row_config(int64_t K, int kvec, bool aligned, int max_e, int max_rt) {
   RowConfig c;
@@ -569,7 +567,7 @@ Status row_backward(const Bwd<D>& b, int64_t* slices, cudaStream_t st) {
   // Values per thread: up to kMaxE (the register budget at 256 threads a row); 16-bit rows
   // longer than 512 x kMaxE values take kLongE (512 threads x 32 values: a 16384-wide bfloat16
   // row, 2.9 TB/s cached against 0.4 streamed; at 4096 wide, 128 threads x 32 values took 295 us
-  // against 237 for 256 x 16; benchmarks/NOTES.md, session 29).
+  // against 237 for 256 x 16; docs/perf/norm.md).
   constexpr int kMaxE = sizeof(D) == 8 ? 8 : 16, kLongE = sizeof(D) == 2 ? 32 : kMaxE;
   const Shape& s = b.s;
   const bool aligned = cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) &&

@@ -25,9 +25,9 @@
 //          against the fused kernel's once + once + what it re-reads; but the apply is a flat
 //          grid, at 4.2 TB/s where the fused kernel's one-wave phase 3 is not (H200, batch_norm
 //          NCHW 64x64x112x112 float32: 171 us a call against 179 for the fused kernel,
-//          benchmarks/NOTES.md session 20). The statistics kernel alone reads at 4.0 TB/s, but
+//          docs/perf/norm.md). The statistics kernel alone reads at 4.0 TB/s, but
 //          right after a kernel that wrote ~200 MB (the L2 full of dirty lines to write back)
-//          at 3.5, as any reader does (a flat read 4.4 -> 3.6, session 21). On the GPU the
+//          at 3.5, as any reader does (a flat read 4.4 -> 3.6). On the GPU the
 //          lowering therefore issues the two halves (segment_split_stats: statistics and
 //          merge; segment_split_apply) as separate XLA calls, which XLA schedules as it does
 //          its own reductions and elementwise passes (jaxdnn/ops/norm.py).
@@ -543,46 +543,77 @@ Status segment_dx(const Bwd<D>& b, cudaStream_t st) {
 }
 
 template <typename D>
-Status segment_fused(const Fwd<D>& f, cudaStream_t st, bool* ran) {
+Support segment_fused_support(const Shape& s) {
   constexpr int N = Vec<D>::kN;
-  const Shape& s = f.s;
-  *ran = false;
-  if (s.T % N != 0 || !cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y)) return Status::Ok();
+  if (s.T % N != 0)
+    return Support::No("segments of T = " + std::to_string(s.T) + " values are not whole " +
+                       "16-byte vectors");
+  FusedCapacity cap;
+  if (Status st = fused_capacity<segment_fused_kernel<D, N>>(&cap); !st.ok())
+    return Support::No(st.message);
+  if (cap.blocks == 0) return Support::No("the GPU takes no cooperative launch of the kernel");
+  return Support::Yes();
+}
+
+template <typename D>
+Status segment_fused(const Fwd<D>& f, cudaStream_t st) {
+  constexpr int N = Vec<D>::kN;
+  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
+    return Status::Error("norm segment single pass: x and y must be 16-byte aligned");
   constexpr auto kernel = segment_fused_kernel<D, N>;
   FusedCapacity cap;
   Status status = fused_capacity<kernel>(&cap);
-  if (!status.ok() || cap.blocks == 0) return status;
-  const SegmentUnits su = segment_units(s);
-  *ran = true;
+  if (!status.ok()) return status;
+  const SegmentUnits su = segment_units(f.s);
   return launch_cooperative(kernel, std::min(cap.blocks, su.units), cap.stash_bytes, st,
                             "norm segment_fused_kernel", f, su,
                             cap.stash_bytes / int64_t(sizeof(D)));
 }
 
-// The split forward's units when it applies to f's shape and x (else units == 0): the segments
-// are long enough, whole 16-byte packs, aligned, and the merge's indices fit 32 bits.
+namespace {
+
+// The split forward's units for shape s, and why it does not apply (units == 0): the segments
+// must be long enough, whole 16-byte packs, and the merge's indices fit 32 bits.
 template <typename D>
-SegmentUnits split_units_of(const Fwd<D>& f) {
+SegmentUnits split_units_of(const Shape& s, std::string* why) {
   constexpr int N = Vec<D>::kN;
-  const Shape& s = f.s;
   constexpr int64_t kIndex = int64_t(1) << 31;
-  if (!segment_split_shape(s) || s.T % N != 0 || s.elems() / N >= kIndex ||
-      !cuda::vec_aligned(f.x))
+  if (!segment_split_shape(s)) {
+    *why = "segments shorter than " + std::to_string(kSplitMinSegment) + " values";
     return SegmentUnits{};
+  }
+  if (s.T % N != 0 || s.elems() / N >= kIndex) {
+    *why = "segments not whole 16-byte vectors, or more than 2^31 vectors";
+    return SegmentUnits{};
+  }
   constexpr auto stats = segment_unit_stats_kernel<D, N>;
   const SegmentUnits su =
       split_units(s, kThreads / 32 * cuda::resident_grid<stats, kThreads>(int64_t(1) << 40));
-  if (s.A * s.K * su.pieces >= kIndex || s.groups() >= kIndex) return SegmentUnits{};
+  if (s.A * s.K * su.pieces >= kIndex || s.groups() >= kIndex) {
+    *why = "more than 2^31 pieces or groups";
+    return SegmentUnits{};
+  }
   return su;
 }
 
-namespace {
+}  // namespace
 
-// The split forward's halves, for units su = split_units_of(f) (the apply needs y aligned too).
 template <typename D>
-Status split_stats(const Fwd<D>& f, const SegmentUnits& su, cudaStream_t st) {
+Support segment_split_support(const Shape& s) {
+  std::string why;
+  return split_units_of<D>(s, &why).units > 0 ? Support::Yes() : Support::No(why);
+}
+
+// The split forward's statistics half: per-unit statistics, then the merge into the table.
+template <typename D>
+Status segment_split_stats(const Fwd<D>& f, cudaStream_t st) {
   constexpr int64_t kWarps = kThreads / 32;
   const Shape& s = f.s;
+  std::string why;
+  const SegmentUnits su = split_units_of<D>(s, &why);
+  if (su.units == 0) return Status::Error("norm segment split: " + why);
+  if (!cuda::vec_aligned(f.x))
+    return Status::Error("norm segment split: x must be 16-byte aligned");
   Status status = cuda::launch("norm segment_unit_stats_kernel",
                                segment_unit_stats_kernel<D, Vec<D>::kN>,
                                unsigned((su.units + kWarps - 1) / kWarps), kThreads, 0, st, f, su);
@@ -592,46 +623,26 @@ Status split_stats(const Fwd<D>& f, const SegmentUnits& su, cudaStream_t st) {
                       ml.threads, 0, st, f, UnitParts<cuda::FastDiv>(s, su));
 }
 
+// The split forward's apply half: y from the table, one 16-byte pack per thread.
 template <typename D>
-Status split_apply(const Fwd<D>& f, cudaStream_t st) {
+Status segment_split_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
+  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
+    return Status::Error("norm segment split: x and y must be 16-byte aligned");
   const int64_t packs = f.s.elems() / N;
   return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N>,
                       unsigned((packs + kThreads - 1) / kThreads), kThreads, 0, st, f,
                       unsigned(packs), unsigned(f.s.T / N));
 }
 
-}  // namespace
-
-template <typename D>
-Status segment_split_stats(const Fwd<D>& f, cudaStream_t st, bool* ran) {
-  const SegmentUnits su = split_units_of(f);
-  *ran = su.units > 0;
-  return *ran ? split_stats(f, su, st) : Status::Ok();
-}
-
-template <typename D>
-Status segment_split_apply(const Fwd<D>& f, cudaStream_t st, bool* ran) {
-  *ran = split_units_of(f).units > 0 && cuda::vec_aligned(f.y);
-  return *ran ? split_apply(f, st) : Status::Ok();
-}
-
-template <typename D>
-Status segment_split(const Fwd<D>& f, cudaStream_t st, bool* ran) {
-  const SegmentUnits su = split_units_of(f);
-  *ran = su.units > 0 && cuda::vec_aligned(f.y);
-  if (!*ran) return Status::Ok();
-  Status status = split_stats(f, su, st);
-  return status.ok() ? split_apply(f, st) : status;
-}
-
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_stats, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_apply, Fwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_grads, Bwd);
 JAXDNN_NORM_CUDA_INSTANTIATE(segment_dx, Bwd);
-JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_fused);
-JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_split);
-JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_split_stats);
-JAXDNN_NORM_CUDA_INSTANTIATE_FUSED(segment_split_apply);
+JAXDNN_NORM_CUDA_INSTANTIATE(segment_fused, Fwd);
+JAXDNN_NORM_CUDA_INSTANTIATE(segment_split_stats, Fwd);
+JAXDNN_NORM_CUDA_INSTANTIATE(segment_split_apply, Fwd);
+JAXDNN_NORM_CUDA_INSTANTIATE_SUPPORT(segment_fused_support);
+JAXDNN_NORM_CUDA_INSTANTIATE_SUPPORT(segment_split_support);
 
 }  // namespace jaxdnn::norm::cuda_impl

@@ -33,6 +33,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "cc/common/dtype.h"
 #include "cc/common/status.h"
@@ -131,19 +133,6 @@ constexpr int64_t kSplitMinSegment = 512;
 inline bool segment_split_shape(const Shape& s) {
   return path_of(s) == Path::kSegment && s.T >= kSplitMinSegment;
 }
-// The GPU training forward as two XLA calls, statistics then apply (jaxdnn/ops/norm.py), so that
-// XLA schedules the statistics passes of independent ops apart from their writes: a read right
-// after a ~200 MB write pays for the L2's dirty lines (H200, benchmarks/NOTES.md session 21).
-// Where the segment path takes its split forward, and on the column path (its three passes)
-// for 4- and 8-byte values: float32 batch_norm NHWC 0.92-0.94x XLA as one call, 0.96 as two
-// (H200, session 22); float32 group_norm NHWC 32x56x56x256 84.4-84.6 us of GPU time as two
-// calls (the apply a flat grid) against 86.0 for the single-pass kernel, 0.956-0.958x XLA
-// against 0.917-0.934 (session 24). In 16-bit types two calls were slower (batch and group
-// norm, by 2-3%).
-inline bool two_call_forward(const Shape& s, DType dtype) {
-  return segment_split_shape(s) ||
-         (path_of(s) == Path::kColumn && dtype_bytes(dtype) >= 4);
-}
 inline int64_t fwd_table_slots(const Shape& s) {
   return segment_split_shape(s) ? 4 * s.P * s.A * s.C * s.K : 0;
 }
@@ -204,5 +193,43 @@ struct BwdBuffers {
   void* dvar_out = nullptr;
   void* ws = nullptr;
 };
+
+// The registries (cpu_norm.h, cuda_norm.h): named algorithms per pass, each answering whether
+// it runs a problem; jaxdnn/ops/norm.py chooses one at lowering time and names it in the call.
+//   kTrain  training forward (statistics from x)     kInfer  inference forward (given statistics)
+//   kBwd    backward, training or inference
+enum class Pass : int { kTrain = 0, kInfer = 1, kBwd = 2 };
+
+struct Algorithm {
+  const char* name;
+  Pass pass;
+  Support (*supports)(const Problem&);
+  // Training forwards run as two XLA calls, statistics (mean, var, workspace) then apply (y),
+  // so that XLA schedules the statistics passes apart from the writes (jaxdnn/ops/norm.py).
+  bool two_calls = false;
+};
+
+// What a training forward call runs: all of it, or one half of a two-call algorithm.
+enum class Half { kAll, kStats, kApply };
+
+// Support for the algorithms bound to one path (each names its path in the reason).
+inline Support on_path(const Problem& p, Path want) {
+  static const char* const kPaths[] = {
+      "the row path (A == 1, T == 1: layer and RMS norm)",
+      "the column path (A > 1, T == 1: channels-last batch and group norm)",
+      "the segment path (T > 1: channels-first batch and group norm)"};
+  const Path is = path_of(p.s);
+  if (is == want) return Support::Yes();
+  return Support::No(std::string("runs ") + kPaths[int(want)] + "; this problem is on " +
+                     kPaths[int(is)]);
+}
+
+// The algorithm of `pass` named `name` in a registry (null when there is none).
+inline const Algorithm* find_algorithm(const std::vector<const Algorithm*>& all, Pass pass,
+                                       std::string_view name) {
+  for (const Algorithm* a : all)
+    if (a->pass == pass && name == a->name) return a;
+  return nullptr;
+}
 
 }  // namespace jaxdnn::norm

@@ -314,7 +314,17 @@ void run_typed(const Args& a, const Buffers& b, const Parallel& par) {
   }
 }
 
+Support any_call(const Args&) { return Support::Yes(); }
+
+const Algorithm kWindow{"window", true, any_call};
+const Algorithm kGather{"gather", false, any_call};
+
 }  // namespace
+
+const std::vector<const Algorithm*>& cpu_algorithms() {
+  static const std::vector<const Algorithm*> kAll = {&kWindow, &kGather};
+  return kAll;
+}
 
 Status cpu_run(const Args& a, const Buffers& b, const Parallel& par) {
   Status s = validate(a.p);

@@ -1,9 +1,9 @@
 // CUDA pooling kernels for any window, and the dispatcher of every pooling op.
 //
-//   window_fwd   max_fwd, max_fwd_index, avg_fwd: one thread per (output position, G vectors
-//                of V channels); it walks the window's valid taps. Traffic: x read once from
-//                DRAM (overlapping windows re-read taps from L1/L2), y (and idx) written once:
-//                N*D*H*W*C + N*Z*P*Q*C elements (+ N*Z*P*Q*C index bytes).
+//   window_fwd   algorithm "window": max_fwd, max_fwd_index, avg_fwd, one thread per (output
+//                position, G vectors of V channels); it walks the window's valid taps. Traffic:
+//                x read once from DRAM (overlapping windows re-read taps from L1/L2), y (and
+//                idx) written once: N*D*H*W*C + N*Z*P*Q*C elements (+ N*Z*P*Q*C index bytes).
 //   strip_fwd    the same ops for 2-D windows (window and stride 1 along D, no D padding) on
 //                the vector path, of a shape in StripShapes (3/2 along W, 2 output rows
 //                sharing an input row along H: the 3x3/2 family). One thread per (plane, strip
@@ -12,20 +12,19 @@
 //                vectors loaded one row ahead of the row it reduces, and merges each row into
 //                the output rows whose windows hold it (row 2p+1 of a 3x3/2 pool into p and
 //                p+1: read once, not twice). Taps reach each window in row-major order, so
-//                results equal window_fwd's bit for bit (avg sums too). JAXDNN_POOL_NO_STRIP=1
-//                sends everything to window_fwd.
+//                results equal window_fwd's bit for bit (avg sums too). Algorithm "strip".
 //   tile_fwd     the same ops for windows that tile the input (2x2 / stride 2, no padding) on
 //                the vector path: one thread per output vector, its 4 taps loaded at once (no
-//                loop, ~30 registers, 8 blocks per SM). JAXDNN_POOL_NO_TILE=1 sends these to
-//                window_fwd.
-//   window_bwd   max_scatter, avg_bwd, as a gather: one thread per (input position, G vectors
-//                of V channels) visits the windows covering it (2.25 on average for 3x3
-//                stride 2) and sums dy where the window selected it (max) or dy/divisor (avg).
-//                No atomics: deterministic. Traffic: dy (and idx) read once, dx written once.
+//                loop, ~30 registers, 8 blocks per SM). Algorithm "tile".
+//   window_bwd   algorithm "gather" (with max_gather): max_scatter, avg_bwd, as a gather: one
+//                thread per (input position, G vectors of V channels) visits the windows
+//                covering it (2.25 on average for 3x3 stride 2) and sums dy where the window
+//                selected it (max) or dy/divisor (avg). No atomics: deterministic. Traffic: dy
+//                (and idx) read once, dx written once.
 //   max_gather   the jvp of max pooling: t at each window's selected element, one thread per
 //                output element (a per-channel gather; not a training hot path).
-// Global windows (one window covering the whole input) go to cuda_global.cu, which splits the
-// window across threads and blocks.
+// Global windows (one window covering the whole input): algorithm "global" (cuda_global.cu),
+// which splits the window across threads and blocks.
 //
 // Vectors: V = 16 bytes of channels when C allows and the buffers are aligned (V = 1 otherwise),
 // and G = 2 vectors per thread when a position has at least 16 vectors, which halves the index
@@ -53,7 +52,7 @@
 //             max 42.7 us (window_fwd 51.7), avg 39.9 (42.4), max with index 68.7 (77.2).
 // 2x2/2: no input row is shared, so strips only save index math, and short threads stream
 // better than one wave of long ones (window_fwd bf16 34.3 us alone against 39.7 for strips).
-// tile_fwd (kernel trace, 64x112x112x64, session 23): max bf16 31.0 us against window_fwd's
+// tile_fwd (kernel trace, 64x112x112x64, docs/perf/pool.md): max bf16 31.0 us against window_fwd's
 // 33.1 (60 registers, 50% occupancy) and XLA's 30.3-30.5 (128-thread blocks, 4 outputs per
 // thread, 20 registers); float32 59.5 against 60.8 and XLA's 59.4 (4.32 TB/s).
 
@@ -62,7 +61,6 @@
 #include <type_traits>
 
 #include "cc/common/cuda_pack.h"
-#include "cc/common/env.h"
 #include "cc/pool/cuda_common.cuh"
 #include "cc/pool/cuda_pool.h"
 
@@ -490,36 +488,76 @@ void with_layout(Layout l, Fn&& fn) {
   }
 }
 
-// JAXDNN_POOL_NO_STRIP=1 and JAXDNN_POOL_NO_TILE=1 send the forwards of those kernels to
-// window_fwd_kernel (for A/B runs).
-bool strip_enabled() {
-  static const bool off = env_switch("JAXDNN_POOL_NO_STRIP") == '1';
-  return !off;
-}
-bool tile_enabled() {
-  static const bool off = env_switch("JAXDNN_POOL_NO_TILE") == '1';
-  return !off;
+// The registry. tile and strip run on the vector path: C in whole 16-byte vectors (the
+// buffers are 16-byte aligned, as XLA's are).
+constexpr int64_t kTileWindow = 2;
+
+Support vector_channels(const Args& a) {
+  const int64_t n = cuda::kVecBytes / dtype_bytes(a.dtype);
+  if (a.p.C % n == 0) return Support::Yes();
+  return Support::No("C = " + std::to_string(a.p.C) + " channels are not whole 16-byte vectors");
 }
 
-// The forward ops on tile_fwd_kernel when the windows tile the input (2x2, stride 2, no
-// padding, on the vector path): sets *status and returns true, else launches nothing and
-// returns false.
-template <typename T, typename Idx>
-bool tile_forward(const Args& a, const Buffers& b, const Layout& layout, cudaStream_t stream,
-                  Status* status) {
-  constexpr int kN = cuda::Vec<T>::kN, kK = 2;
+// Whether a window runs in 2-D (window and stride 1 along D, no D padding).
+bool planar(const Problem& p) {
+  return p.window[0] == 1 && p.stride[0] == 1 && p.pad_lo[0] == 0 && p.pad_hi[0] == 0;
+}
+
+// Output rows whose windows hold an input row (along H).
+int64_t strip_live_rows(const Problem& p) { return (p.window[1] + p.stride[1] - 1) / p.stride[1]; }
+
+Support global_support(const Args& a) {
+  if (a.p.global()) return Support::Yes();
+  return Support::No("the window does not cover the whole (unpadded) input");
+}
+
+Support tile_support(const Args& a) {
   const Problem& p = a.p;
-  bool tiles = tile_enabled() && layout.vec == kN && p.window[0] == 1 && p.stride[0] == 1;
-  for (int ax = 0; ax < 3; ++ax) {
-    tiles = tiles && p.pad_lo[ax] == 0 && p.pad_hi[ax] == 0;
-    if (ax > 0) tiles = tiles && p.window[ax] == kK && p.stride[ax] == kK;
-  }
-  if (!tiles) return false;
+  bool tiles = planar(p);
+  for (int ax = 1; ax < 3; ++ax)
+    tiles = tiles && p.pad_lo[ax] == 0 && p.pad_hi[ax] == 0 && p.window[ax] == kTileWindow &&
+            p.stride[ax] == kTileWindow;
+  if (!tiles) return Support::No("the windows do not tile the input (2x2, stride 2, no padding)");
+  return vector_channels(a);
+}
+
+Support strip_support(const Args& a) {
+  const Problem& p = a.p;
+  bool shape = false;
+  std::apply(
+      [&](auto... shapes) {
+        ((shape = shape || (p.window[2] == decltype(shapes)::kW &&
+                            p.stride[2] == decltype(shapes)::kStride &&
+                            strip_live_rows(p) == decltype(shapes)::kLive)),
+         ...);
+      },
+      StripShapes{});
+  if (!planar(p) || p.stride[1] > p.window[1] || !shape)
+    return Support::No("not a 2-D window of a strip shape (3 wide, stride 2 along W; 2 output "
+                       "rows per input row along H)");
+  return vector_channels(a);
+}
+
+Support any_call(const Args&) { return Support::Yes(); }
+
+const Algorithm kGlobal{"global", true, global_support};
+const Algorithm kTile{"tile", true, tile_support};
+const Algorithm kStrip{"strip", true, strip_support};
+const Algorithm kWindow{"window", true, any_call};
+const Algorithm kGather{"gather", false, any_call};
+
+// The forward ops on tile_fwd_kernel (windows that tile the input: tile_support), on the
+// vector path.
+template <typename T, typename Idx>
+Status tile_forward(const Args& a, const Buffers& b, const Layout& layout, cudaStream_t stream) {
+  constexpr int kN = cuda::Vec<T>::kN, kK = kTileWindow;
+  const Problem& p = a.p;
+  if (layout.vec != kN) return Status::Error("pool tile: buffers not 16-byte aligned");
   const int64_t xi = p.in_spatial() * p.C, yi = p.out_spatial() * p.C;  // per image
   const T* in = static_cast<const T*>(b.a);
   T* out = static_cast<T*>(b.result);
   Idx* idx_out = static_cast<Idx*>(b.index_out);
-  *status = over_batch_slices(p, int32_t(p.C / kN), [&](const Geom& g, int64_t n0) {
+  return over_batch_slices(p, int32_t(p.C / kN), [&](const Geom& g, int64_t n0) {
     const unsigned grid = cuda::grid_for(int64_t(g.N) * p.out_spatial() * g.lanes, kThreads);
     auto run = [&](auto kernel, auto* index, const char* name) {
       return cuda::launch(name, kernel, grid, kThreads, 0, stream, g, in + n0 * xi,
@@ -540,7 +578,6 @@ bool tile_forward(const Args& a, const Buffers& b, const Layout& layout, cudaStr
         return Status::Error("pool: unexpected op");
     }
   });
-  return true;
 }
 
 // One strip_fwd_kernel launch over the planes of g. Strip length: as many strips per plane as
@@ -565,18 +602,15 @@ Status launch_strip(const Problem& p, const Geom& g, const T* x, T* y, I* idx, b
                       idx, inc);
 }
 
-// The forward ops on strip_fwd_kernel when it covers the problem (2-D windows on the vector
-// path, stride <= window along H, a StripShapes entry along W): sets *status and returns true,
-// else launches nothing and returns false.
+// The forward ops on strip_fwd_kernel (2-D windows of a StripShapes entry: strip_support), on
+// the vector path.
 template <typename T, typename Idx>
-bool strip_forward(const Args& a, const Buffers& b, const Layout& layout, cudaStream_t stream,
-                   Status* status) {
+Status strip_forward(const Args& a, const Buffers& b, const Layout& layout, cudaStream_t stream) {
   const Problem& p = a.p;
   constexpr int kN = cuda::Vec<T>::kN;
-  if (!strip_enabled() || layout.vec != kN || p.window[0] != 1 || p.stride[0] != 1 ||
-      p.pad_lo[0] != 0 || p.pad_hi[0] != 0 || p.stride[1] > p.window[1])
-    return false;
-  const int64_t live = (p.window[1] + p.stride[1] - 1) / p.stride[1];
+  if (layout.vec != kN) return Status::Error("pool strip: buffers not 16-byte aligned");
+  const int64_t live = strip_live_rows(p);
+  Status status = Status::Error("pool strip: no strip shape matches the window");
   const int64_t xi = p.in_spatial() * p.C, yi = p.out_spatial() * p.C;  // per image
   const T* in = static_cast<const T*>(b.a);
   T* out = static_cast<T*>(b.result);
@@ -588,7 +622,7 @@ bool strip_forward(const Args& a, const Buffers& b, const Layout& layout, cudaSt
     if (launched || p.window[2] != S::kW || p.stride[2] != S::kStride || live != S::kLive)
       return;
     launched = true;
-    *status = over_batch_slices(p, int32_t(p.C / kN), [&](const Geom& g, int64_t n0) {
+    status = over_batch_slices(p, int32_t(p.C / kN), [&](const Geom& g, int64_t n0) {
       const T* x = in + n0 * xi;
       T* y = out + n0 * yi;
       switch (a.op) {
@@ -605,11 +639,11 @@ bool strip_forward(const Args& a, const Buffers& b, const Layout& layout, cudaSt
     });
   };
   std::apply([&](auto... shapes) { (try_shape(shapes), ...); }, StripShapes{});
-  return launched;
+  return status;
 }
 
 template <typename T, typename Idx>
-Status run_typed(const Args& a, const Buffers& b, cudaStream_t stream) {
+Status run_typed(const Algorithm& algo, const Args& a, const Buffers& b, cudaStream_t stream) {
   const Problem& p = a.p;
   constexpr int kN = cuda::Vec<T>::kN;
   const int64_t xi = p.in_spatial() * p.C, yi = p.out_spatial() * p.C;  // per image
@@ -630,9 +664,8 @@ Status run_typed(const Args& a, const Buffers& b, cudaStream_t stream) {
   }
   const bool bwd = a.op == Op::kMaxScatter || a.op == Op::kAvgBwd;
   const Layout layout = choose_layout<T, Idx>(p, b, !bwd);
-  if (!bwd && (tile_forward<T, Idx>(a, b, layout, stream, &status) ||
-               strip_forward<T, Idx>(a, b, layout, stream, &status)))
-    return status;
+  if (&algo == &kTile) return tile_forward<T, Idx>(a, b, layout, stream);
+  if (&algo == &kStrip) return strip_forward<T, Idx>(a, b, layout, stream);
   with_layout<kN, sizeof(Idx) == 1>(layout, [&](auto v_c, auto g_c) {
     constexpr int V = decltype(v_c)::value, G = decltype(g_c)::value;
     const int32_t lanes = int32_t(p.C / (V * G));
@@ -690,15 +723,20 @@ Status run_typed(const Args& a, const Buffers& b, cudaStream_t stream) {
 
 namespace jaxdnn::pool {
 
-Status cuda_run(const Args& a, const Buffers& b, cudaStream_t stream) {
+const std::vector<const Algorithm*>& cuda_algorithms() {
+  static const std::vector<const Algorithm*> kAll = {&gpu::kGlobal, &gpu::kTile, &gpu::kStrip,
+                                                     &gpu::kWindow, &gpu::kGather};
+  return kAll;
+}
+
+Status cuda_run(const Algorithm& algo, const Args& a, const Buffers& b, cudaStream_t stream) {
   Status s = validate(a.p);
   if (!s.ok()) return s;
-  const bool fwd = a.op == Op::kMaxFwd || a.op == Op::kMaxFwdIndex || a.op == Op::kAvgFwd;
-  if (fwd && a.p.global()) return gpu::global_fwd(a, b, stream);
+  if (&algo == &gpu::kGlobal) return gpu::global_fwd(a, b, stream);
   const bool ok = dispatch_io(a.dtype, a.dtype, [&](auto tag, auto) {
     using T = cuda::device_t<decltype(tag)>;
-    s = a.index == IndexType::kU8 ? gpu::run_typed<T, uint8_t>(a, b, stream)
-                                  : gpu::run_typed<T, int32_t>(a, b, stream);
+    s = a.index == IndexType::kU8 ? gpu::run_typed<T, uint8_t>(algo, a, b, stream)
+                                  : gpu::run_typed<T, int32_t>(algo, a, b, stream);
   });
   if (!ok) return Status::Error(std::string("pool: unsupported dtype ") + dtype_name(a.dtype));
   return s;

@@ -34,6 +34,8 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "cc/common/dtype.h"
 #include "cc/common/parallel.h"
@@ -167,7 +169,32 @@ struct Buffers {
   void* index_out = nullptr;
 };
 
-// Runs `args.op` on the CPU (cpu_pool.cc). The CUDA entry point is in cuda_pool.h.
+// The forward ops (max_fwd, max_fwd_index, avg_fwd); the others are the backward direction.
+inline bool is_forward(Op op) {
+  return op == Op::kMaxFwd || op == Op::kMaxFwdIndex || op == Op::kAvgFwd;
+}
+
+// The registries (cpu_algorithms below, cuda_pool.h): named algorithms of one direction, each
+// answering whether it runs a call; jaxdnn/ops/pool.py chooses one at lowering time and names it
+// in the call.
+struct Algorithm {
+  const char* name;
+  bool forward;  // the direction of its ops
+  Support (*supports)(const Args&);
+};
+
+// The algorithm of `args`'s direction named `name` in a registry (null when there is none).
+inline const Algorithm* find_algorithm(const std::vector<const Algorithm*>& all, const Args& args,
+                                       std::string_view name) {
+  for (const Algorithm* a : all)
+    if (a->forward == is_forward(args.op) && name == a->name) return a;
+  return nullptr;
+}
+
+// The CPU registry (cpu_pool.cc): "window" (forward: one task per output row, each window's
+// taps walked in order) and "gather" (backward: each input element visits the windows covering
+// it). Runs `args.op` on the CPU; the CUDA entry point is in cuda_pool.h.
+const std::vector<const Algorithm*>& cpu_algorithms();
 Status cpu_run(const Args& args, const Buffers& bufs, const Parallel& par);
 
 }  // namespace jaxdnn::pool

@@ -17,8 +17,8 @@ cast to that dtype, so float32 parameters keep their precision with 16-bit activ
 Primitives (training and inference each a forward, a tangent and a backward)::
 
     norm_fwd_p(x, scale, bias)                       -> y, mean, var, workspace   [kernel]
-        (on the GPU, channels-first batch and group norm, and channels-last ones in 4- and
-        8-byte types: two kernel calls, statistics and apply; see _fwd_lowering_cuda)
+        (a two-call algorithm runs it as two kernel calls, statistics and apply; see
+        _fwd_lowering)
     norm_tangent_p(tx, tscale, tbias; x, scale, mean, var) -> ty, tmean, tvar     [jnp]
     norm_bwd_p(dy, dmean, dvar; x, scale, mean, var) -> dx, dscale, dbias, ws     [kernel]
         (dmean, dvar: the statistics' cotangents, or empty vectors where they are zero)
@@ -33,6 +33,16 @@ kernels, and their own jvps (the linear part through the primitive, the part thr
 values in jnp) give every higher order. Batching folds the mapped axis into P (and Q), so each
 mapped index keeps its own statistics. ``var`` is the biased variance (flax's BatchNorm
 normalises with it too); for an unbiased running variance multiply by ``n / (n - 1)``.
+
+Every primitive carries ``algo`` (an algorithm forced by the caller, or None) and ``policy``
+(the jaxdnn.config policy at trace time); each kernel primitive's algorithm is chosen from the
+platform's registry at lowering time (jaxdnn/algo.py: heuristic, forced or benchmark) and named
+in the custom call, as for convolutions and softmax. :func:`norm_algorithms` lists them: per
+pass ("fwd" training forward, "infer" inference forward, "bwd" backward) the GPU registers the
+row kernels, the column path's single-pass, three-pass and two-call forwards (each with the
+tiled or, for 4- and 8-byte types, the flat apply) and the segment path's split, single-pass,
+three-pass and two-call forwards; the CPU one algorithm per path. A forced ``algo=`` applies to
+the forward pass; the backward takes the heuristic's (or the benchmark's) choice.
 """
 
 from __future__ import annotations
@@ -40,7 +50,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-import os
 from functools import partial
 
 import jax
@@ -52,8 +61,11 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir, xla
 
 from .. import _checks, _ffi
+from .. import _config as config_lib
+from ..selection import core as algo_lib
 
-__all__ = ["batch_norm", "batch_norm_inference", "group_norm", "layer_norm", "rms_norm"]
+__all__ = ["batch_norm", "batch_norm_inference", "group_norm", "layer_norm", "norm_algorithms",
+           "rms_norm"]
 
 
 def stat_dtype(dtype) -> np.dtype:
@@ -145,7 +157,9 @@ def _normalised(shape, x, mean, var, eps):
     return xc, r, xc * _stat_b(shape, r)
 
 
-def _tangent_ref(tx, ts, tb, x, scale, mean, var, *, shape, eps, centered):
+# (The references take the kernel primitives' selection parameters, algo and policy, and ignore
+# them.)
+def _tangent_ref(tx, ts, tb, x, scale, mean, var, *, shape, eps, centered, **_):
     xc, r, xhat = _normalised(shape, x, mean, var, eps)
     tx = _x5(shape, tx, var.dtype)
     tmean = _group_sum(tx) / shape.n if centered else jnp.zeros_like(mean)
@@ -156,7 +170,7 @@ def _tangent_ref(tx, ts, tb, x, scale, mean, var, *, shape, eps, centered):
     return [ty.reshape(-1).astype(x.dtype), tmean, tvar]
 
 
-def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, *, shape, eps, centered):
+def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, *, shape, eps, centered, **_):
     dmean, dvar = (c if c.shape == mean.shape else 0 for c in (dmean, dvar))  # empty: zero
     xc, r, xhat = _normalised(shape, x, mean, var, eps)
     dy = _x5(shape, dy, var.dtype)
@@ -167,7 +181,7 @@ def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, *, shape, eps, centered):
     return [dx.reshape(-1).astype(x.dtype), _affine_sum(shape, dy * xhat), _affine_sum(shape, dy)]
 
 
-def _infer_tangent_ref(tx, ts, tb, tmean, tvar, x, scale, mean, var, *, shape, eps):
+def _infer_tangent_ref(tx, ts, tb, tmean, tvar, x, scale, mean, var, *, shape, eps, **_):
     _, r, xhat = _normalised(shape, x, mean, var, eps)
     tx = _x5(shape, tx, var.dtype)
     txhat = (_stat_b(shape, r) * (tx - _stat_b(shape, tmean))
@@ -176,7 +190,7 @@ def _infer_tangent_ref(tx, ts, tb, tmean, tvar, x, scale, mean, var, *, shape, e
     return ty.reshape(-1).astype(x.dtype)
 
 
-def _infer_bwd_ref(dy, x, scale, mean, var, *, shape, eps):
+def _infer_bwd_ref(dy, x, scale, mean, var, *, shape, eps, **_):
     _, r, xhat = _normalised(shape, x, mean, var, eps)
     dy = _x5(shape, dy, var.dtype)
     g = dy * _affine_b(shape, scale)
@@ -230,22 +244,83 @@ _SPECS = {
 }
 
 
-def _abstract_eval(name, *avals, shape, eps, centered=True):
+def _abstract_eval(name, *avals, shape, eps, centered=True, algo=None, policy=None):
     kinds, outs, ws_fn, _ = _SPECS[name]
     x_dtype = _check(name, kinds, avals, shape)
     res = [_aval(k, shape, x_dtype, ws_fn(shape, x_dtype) if k == WS else 0) for k in outs]
     return res if len(res) > 1 else res[0]
 
 
-def _kernel_attrs(platform, ctx, *, shape, eps, centered=None):
-    del platform, ctx
-    attrs = dict(shape=[shape.P, shape.A, shape.C, shape.K, shape.T, shape.Q], eps=eps)
+# The registry pass of each kernel primitive.
+_PASS = {"norm_fwd": "fwd", "norm_infer": "infer", "norm_bwd": "bwd", "norm_infer_bwd": "bwd"}
+
+
+@dataclasses.dataclass(frozen=True)
+class NormProblem:
+    """One norm kernel call: `direction` "fwd" (training forward), "infer" (inference forward)
+    or "bwd" (backward, training or inference) on the canonical `shape`, x of `dtype`."""
+
+    direction: str
+    shape: NormShape
+    dtype: np.dtype
+    centered: bool = True
+    forced_algo: str | None = None
+    policy: tuple[bool, bool, int] = (False, False, -1)
+
+    @property
+    def dims(self) -> list[int]:
+        s = self.shape
+        return [s.P, s.A, s.C, s.K, s.T, s.Q]
+
+    def describe(self) -> str:
+        return (f"norm {self.direction:5s} {'x'.join(map(str, self.dims))} {self.dtype.name}"
+                + ("" if self.centered else " rms"))
+
+    def key(self) -> str:
+        return (f"norm|{self.direction}|{','.join(map(str, self.dims))}|{self.dtype.name}|"
+                f"{int(self.centered)}")
+
+    def choose(self, platform: str) -> algo_lib.Choice:
+        return algo_lib.select_algorithm(
+            "norm", self.direction, norm_algorithms(self, platform), platform, self.forced_algo,
+            self.policy, self.key(), lambda: _find(self, platform))
+
+
+def _registry(problem: NormProblem, platform: str) -> list[dict]:
+    return _ffi.module_for(platform).norm_algorithms(problem.direction, problem.dims,
+                                                     problem.dtype.name, problem.centered)
+
+
+def norm_algorithms(problem: NormProblem, platform: str | None = None):
+    """"Get" for norm: the registry of `platform` with applicability, in preference order."""
+    platform = algo_lib.platform_name(platform)
+    return algo_lib.registry_infos(_registry(problem, platform), problem.direction, platform)
+
+
+def _two_calls(problem: NormProblem, platform: str, name: str) -> bool:
+    """Whether training forward algorithm `name` runs as two calls (statistics, apply)."""
+    return next(r["two_calls"] for r in _registry(problem, platform) if r["name"] == name)
+
+
+def _problem(name, ctx, shape, centered, algo, policy) -> NormProblem:
+    return NormProblem(_PASS[name], shape, np.dtype(ctx.avals_in[0].dtype), centered is not False,
+                       algo, policy)
+
+
+def _call_attrs(shape, eps, centered, name):
+    attrs = dict(shape=[shape.P, shape.A, shape.C, shape.K, shape.T, shape.Q], eps=eps, algo=name)
     return attrs if centered is None else dict(attrs, centered=bool(centered))
+
+
+def _kernel_attrs(name, platform, ctx, *, shape, eps, centered=None, algo, policy):
+    choice = _problem(name, ctx, shape, centered, algo, policy).choose(platform)
+    return _call_attrs(shape, eps, centered, choice.name)
 
 
 def _kernel_primitive(name):
     return _ffi.define_primitive(f"jaxdnn_{name}", partial(_abstract_eval, name),
-                                 attrs=_kernel_attrs, multiple_results=len(_SPECS[name][1]) > 1)
+                                 attrs=partial(_kernel_attrs, name),
+                                 multiple_results=len(_SPECS[name][1]) > 1)
 
 
 def _jnp_primitive(name, impl):
@@ -262,41 +337,117 @@ def _jnp_primitive(name, impl):
 norm_fwd_p = _kernel_primitive("norm_fwd")
 
 
-def _fwd_lowering_cuda(ctx, x, scale, bias, *, shape, eps, centered):
-    """The GPU training forward. Where cc/norm/norm.h's ``two_call_forward`` says so (the
-    channels-last batch and group norm in 4- and 8-byte types, the channels-first segment
-    path's split forward), as two custom calls, the statistics (mean, var and the workspace's
-    partials or coefficient table) and then the apply, so that XLA schedules them as it
-    schedules its own reductions and elementwise passes: a read right after a write pays for
-    the write-back of the L2's dirty lines (H200: a flat read of 205 MB, 46.8 us alone, 56.3
-    right after a write), and XLA runs independent reductions one after another.
-    ``JAXDNN_NORM_ONE_CALL=1`` keeps the single call (for A/B runs)."""
-    params = dict(shape=shape, eps=eps, centered=centered)
-    dims = [shape.P, shape.A, shape.C, shape.K, shape.T, shape.Q]
-    x_dtype = np.dtype(ctx.avals_in[0].dtype).name
-    if (os.environ.get("JAXDNN_NORM_ONE_CALL") == "1"
-            or not _ffi._cpu.norm_two_call_forward(dims, x_dtype)):
-        return _FWD_RULES["jaxdnn_norm_fwd"](ctx, x, scale, bias, **params)
-    y_aval, mean_aval, var_aval, ws_aval = ctx.avals_out
-    mean, var, ws = _FWD_RULES["jaxdnn_norm_fwd_stats"](
-        ctx.replace(avals_out=[mean_aval, var_aval, ws_aval]), x, scale, bias, **params)
-    apply_ctx = ctx.replace(avals_in=[*ctx.avals_in, mean_aval, var_aval, ws_aval],
-                            avals_out=[y_aval])
-    (y,) = _FWD_RULES["jaxdnn_norm_fwd_apply"](apply_ctx, x, scale, bias, mean, var, ws,
-                                               **params)
-    return [y, mean, var, ws]
+def _fwd_lowering(platform):
+    """The training forward's lowering: one custom call, or, for a two-call algorithm (GPU),
+    two: the statistics (mean, var and the workspace's partials or coefficient table) and then
+    the apply, so that XLA schedules them as it schedules its own reductions and elementwise
+    passes: a read right after a write pays for the write-back of the L2's dirty lines (H200:
+    a flat read of 205 MB, 46.8 us alone, 56.3 right after a write), and XLA runs independent
+    reductions one after another."""
+    one, stats, apply = (_ffi.lowering(f"jaxdnn_norm_{t}", lambda _, ctx, **attrs: attrs)(platform)
+                         for t in ("fwd", "fwd_stats", "fwd_apply"))
+
+    def rule(ctx, x, scale, bias, *, shape, eps, centered, algo, policy):
+        problem = _problem("norm_fwd", ctx, shape, centered, algo, policy)
+        name = problem.choose(platform).name
+        attrs = _call_attrs(shape, eps, centered, name)
+        if not _two_calls(problem, platform, name):
+            return one(ctx, x, scale, bias, **attrs)
+        y_aval, mean_aval, var_aval, ws_aval = ctx.avals_out
+        mean, var, ws = stats(ctx.replace(avals_out=[mean_aval, var_aval, ws_aval]), x, scale,
+                              bias, **attrs)
+        apply_ctx = ctx.replace(avals_in=[*ctx.avals_in, mean_aval, var_aval, ws_aval],
+                                avals_out=[y_aval])
+        (y,) = apply(apply_ctx, x, scale, bias, mean, var, ws, **attrs)
+        return [y, mean, var, ws]
+
+    return rule
 
 
-# The CUDA lowering rules of the forward's targets (the one call, and the two-call halves).
-_FWD_RULES = {t: _ffi.lowering(t, _kernel_attrs)("cuda")
-              for t in ("jaxdnn_norm_fwd", "jaxdnn_norm_fwd_stats", "jaxdnn_norm_fwd_apply")}
-mlir.register_lowering(norm_fwd_p, _fwd_lowering_cuda, platform="cuda")
+_ffi.register_lowerings(norm_fwd_p, _fwd_lowering)
 
 norm_bwd_p = _kernel_primitive("norm_bwd")
 norm_infer_p = _kernel_primitive("norm_infer")
 norm_infer_bwd_p = _kernel_primitive("norm_infer_bwd")
 norm_tangent_p = _jnp_primitive("norm_tangent", _tangent_ref)
 norm_infer_tangent_p = _jnp_primitive("norm_infer_tangent", _infer_tangent_ref)
+
+# Relative L2 error find allows against the jnp reference, by dtype; find's eps.
+_FIND_TOL = {np.dtype(jnp.float64): 1e-9, np.dtype(jnp.float32): 1e-4,
+             np.dtype(jnp.float16): 2e-2, np.dtype(jnp.bfloat16): 2e-2}
+_FIND_EPS = 1e-5
+
+
+def _find_inputs(p: NormProblem, rng, dev):
+    """Operands of the problem's primitive (find's): fwd x, scale, bias; infer those and mean,
+    var; bwd dy, the (zero) statistics cotangents, x, scale, mean, var."""
+    s, sd = p.shape, stat_dtype(p.dtype)
+    n_x, n_s, n_a = _size(X, s), _size(S, s), _size(AFF, s)
+    x = rng.standard_normal(n_x).astype(p.dtype)
+    scale, bias = (rng.standard_normal(n_a).astype(sd) for _ in range(2))
+    mean = rng.standard_normal(n_s).astype(sd) * 0.1
+    var = rng.uniform(0.5, 2.0, n_s).astype(sd)
+    if p.direction == "fwd":
+        ops = (x, scale, bias)
+    elif p.direction == "infer":
+        ops = (x, scale, bias, mean, var)
+    else:
+        empty = np.zeros((0,), sd)
+        ops = (rng.standard_normal(n_x).astype(p.dtype), empty, empty, x, scale, mean, var)
+    return tuple(jax.device_put(o, dev) for o in ops)
+
+
+def _find_call(p: NormProblem, name: str):
+    """The problem's kernel primitive with algorithm `name`, returning its first result."""
+    params = dict(shape=p.shape, eps=_FIND_EPS, algo=name, policy=(False, False, -1))
+    if p.direction == "infer":
+        return lambda *ops: norm_infer_p.bind(*ops, **params)
+    prim = norm_fwd_p if p.direction == "fwd" else norm_bwd_p
+    return lambda *ops: prim.bind(*ops, centered=p.centered, **params)[0]
+
+
+def _find_reference(p: NormProblem, ops):
+    """y (fwd, infer) or dx (bwd) by the jnp references, in the statistics dtype."""
+    s = p.shape
+    if p.direction == "bwd":
+        return _bwd_ref(*ops, shape=s, eps=_FIND_EPS, centered=p.centered)[0]
+    x, scale, bias = ops[:3]
+    if p.direction == "infer":
+        mean, var = ops[3:]
+    else:
+        x5 = _x5(s, x, stat_dtype(p.dtype))
+        mean = (x5.mean(axis=(1, 3, 4)).reshape(-1) if p.centered
+                else jnp.zeros(_size(S, s), x5.dtype))
+        var = ((x5 - _stat_b(s, mean)) ** 2).mean(axis=(1, 3, 4)).reshape(-1)
+    _, _, xhat = _normalised(s, x, mean, var, _FIND_EPS)
+    return (xhat * _affine_b(s, scale) + _affine_b(s, bias)).reshape(-1)
+
+
+def _find(p: NormProblem, platform: str, repeats: int = 5) -> list[dict]:
+    """Times every supported algorithm for `p` (wall clock over rotating inputs) after checking
+    it against the jnp reference; plain dicts as the tuning cache stores them."""
+    dev = jax.devices("gpu" if platform == "cuda" else "cpu")[0]
+    rng = np.random.default_rng(0)
+    inputs = [_find_inputs(p, rng, dev) for _ in range(4)]
+    ref = np.asarray(_find_reference(p, inputs[0]), np.float64)
+    results = []
+    for info in norm_algorithms(p, platform):
+        base = dict(name=info.name, workspace_bytes=0, deterministic=info.deterministic)
+        if not info.supported:
+            results.append(dict(base, ok=False, time_s=float("inf"), error=float("nan"),
+                                reason=info.reason))
+            continue
+        fn = _find_call(p, info.name)
+        out = np.asarray(jax.jit(fn)(*inputs[0]), np.float64)
+        err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300))
+        if not err <= _FIND_TOL[p.dtype]:
+            results.append(dict(base, ok=False, time_s=float("inf"), error=err,
+                                reason=f"wrong result: relative error {err:.2e}"))
+            continue
+        results.append(dict(base, ok=True, time_s=algo_lib.time_jitted(fn, inputs, repeats),
+                            error=err, reason=""))
+    return sorted(results, key=lambda r: (not r["ok"], r["time_s"], r["name"]))
+
 
 _PRIMS = {"norm_fwd": norm_fwd_p, "norm_bwd": norm_bwd_p, "norm_tangent": norm_tangent_p,
           "norm_infer": norm_infer_p, "norm_infer_bwd": norm_infer_bwd_p,
@@ -322,20 +473,24 @@ def _instantiate(ts, kinds):
 
 # ---- jvp of the forward primitives: their tangent primitives --------------------------------
 
-def _fwd_jvp(primals, tangents, *, shape, eps, centered):
+# A forced algorithm is the forward's; the tangent (and its transpose, the backward) chooses its
+# own under the same policy.
+def _fwd_jvp(primals, tangents, *, shape, eps, centered, algo, policy):
     x, scale, bias = primals
-    y, mean, var, ws = norm_fwd_p.bind(x, scale, bias, shape=shape, eps=eps, centered=centered)
+    y, mean, var, ws = norm_fwd_p.bind(x, scale, bias, shape=shape, eps=eps, centered=centered,
+                                       algo=algo, policy=policy)
     t = [ad.instantiate_zeros(t) for t in tangents]
     ty, tmean, tvar = norm_tangent_p.bind(*t, x, scale, mean, var, shape=shape, eps=eps,
-                                          centered=centered)
+                                          centered=centered, algo=None, policy=policy)
     return (y, mean, var, ws), (ty, tmean, tvar, _zero_of(ws))
 
 
-def _infer_jvp(primals, tangents, *, shape, eps):
+def _infer_jvp(primals, tangents, *, shape, eps, algo, policy):
     x, scale, bias, mean, var = primals
-    y = norm_infer_p.bind(*primals, shape=shape, eps=eps)
+    y = norm_infer_p.bind(*primals, shape=shape, eps=eps, algo=algo, policy=policy)
     t = [ad.instantiate_zeros(t) for t in tangents]
-    return y, norm_infer_tangent_p.bind(*t, x, scale, mean, var, shape=shape, eps=eps)
+    return y, norm_infer_tangent_p.bind(*t, x, scale, mean, var, shape=shape, eps=eps, algo=None,
+                                        policy=policy)
 
 
 ad.primitive_jvps[norm_fwd_p] = _fwd_jvp
@@ -476,13 +631,22 @@ def _axes(axis, ndim, api) -> tuple[int, ...]:
 # Public API
 # ----------------------------------------------------------------------------------------------
 
-def _train(x, scale, bias, shape: NormShape, eps, centered):
+def _selection(algo, api):
+    """The selection parameters of a call: a forced algorithm (checked to be a name) and the
+    jaxdnn.config policy."""
+    if algo is not None and not isinstance(algo, str):
+        raise TypeError(f"{api}: `algo` must be None or an algorithm name, got {algo!r}")
+    return dict(algo=algo, policy=config_lib.settings().policy())
+
+
+def _train(x, scale, bias, shape: NormShape, eps, centered, algo, api):
     y, mean, var, _ = norm_fwd_p.bind(x.reshape(-1), scale.reshape(-1), bias.reshape(-1),
-                                      shape=shape, eps=eps, centered=centered)
+                                      shape=shape, eps=eps, centered=centered,
+                                      **_selection(algo, api))
     return y.reshape(x.shape), mean, var
 
 
-def _row_norm(api, x, scale, bias, axis, eps, centered):
+def _row_norm(api, x, scale, bias, axis, eps, centered, algo):
     x = _checks.operand(x, "x", api)
     eps = _check_eps(eps, api)
     axes = _axes(axis, x.ndim, api)
@@ -494,11 +658,11 @@ def _row_norm(api, x, scale, bias, axis, eps, centered):
     xt = jnp.moveaxis(x, axes, trailing) if axes != trailing else x
     k = math.prod(norm_shape)
     shape = NormShape(P=math.prod(xt.shape[:x.ndim - len(axes)]), A=1, C=1, K=k, T=1)
-    y, _, _ = _train(xt, scale, bias, shape, eps, centered)
+    y, _, _ = _train(xt, scale, bias, shape, eps, centered, algo, api)
     return jnp.moveaxis(y, trailing, axes) if axes != trailing else y
 
 
-def layer_norm(x, scale, bias, *, axis=-1, eps: float = 1e-5):
+def layer_norm(x, scale, bias, *, axis=-1, eps: float = 1e-5, algo: str | None = None):
     """Layer normalisation: ``(x - mean) / sqrt(var + eps) * scale + bias`` with the mean and
     biased variance over `axis`.
 
@@ -510,14 +674,17 @@ def layer_norm(x, scale, bias, *, axis=-1, eps: float = 1e-5):
       axis: an int or a tuple of ints (flax's ``reduction_axes``). Trailing axes are the fast
         path; other axes are moved to the end and back (XLA transposes).
       eps: added to the variance (used as float32).
+      algo: None, or an algorithm of the platform's registry for the forward (see
+        :func:`norm_algorithms`).
     """
-    return _row_norm("jaxdnn.layer_norm", x, scale, bias, axis, eps, True)
+    return _row_norm("jaxdnn.layer_norm", x, scale, bias, axis, eps, True, algo)
 
 
-def rms_norm(x, scale, *, axis=-1, eps: float = 1e-5):
+def rms_norm(x, scale, *, axis=-1, eps: float = 1e-5, algo: str | None = None):
     """RMS normalisation: ``x / sqrt(mean(x**2) + eps) * scale`` over `axis` (an int or a
-    tuple). `scale` is shaped like the normalised dims, or None."""
-    return _row_norm("jaxdnn.rms_norm", x, scale, None, axis, eps, False)
+    tuple). `scale` is shaped like the normalised dims, or None. `algo` forces the forward's
+    algorithm (see :func:`norm_algorithms`)."""
+    return _row_norm("jaxdnn.rms_norm", x, scale, None, axis, eps, False, algo)
 
 
 def _per_channel(api, x, scale, bias, axis, eps):
@@ -533,7 +700,7 @@ def _per_channel(api, x, scale, bias, axis, eps):
     return x, eps, scale, bias, shape
 
 
-def batch_norm(x, scale, bias, *, axis: int = -1, eps: float = 1e-5):
+def batch_norm(x, scale, bias, *, axis: int = -1, eps: float = 1e-5, algo: str | None = None):
     """Batch normalisation in training mode.
 
     Statistics per channel (`axis`: -1 for channels-last, 1 for NCHW) over every other axis,
@@ -541,19 +708,22 @@ def batch_norm(x, scale, bias, *, axis: int = -1, eps: float = 1e-5):
     ``(y, batch_mean, batch_var)``; the statistics are float32 (float64 for float64 x) and
     `batch_var` is the biased variance that normalises `y` (multiply by ``n / (n - 1)`` for an
     unbiased running estimate). All three outputs are differentiable functions of `x`.
-    scale/bias: shape ``(C,)`` or None.
+    scale/bias: shape ``(C,)`` or None. `algo` forces the forward's algorithm (see
+    :func:`norm_algorithms`).
     """
     api = "jaxdnn.batch_norm"
     x, eps, scale, bias, shape = _per_channel(api, x, scale, bias, axis, eps)
     c = shape.C
-    y, mean, var = _train(x, scale, bias, shape, eps, True)
+    y, mean, var = _train(x, scale, bias, shape, eps, True, algo, api)
     return y, mean.reshape(c), var.reshape(c)
 
 
-def batch_norm_inference(x, scale, bias, mean, var, *, axis: int = -1, eps: float = 1e-5):
+def batch_norm_inference(x, scale, bias, mean, var, *, axis: int = -1, eps: float = 1e-5,
+                         algo: str | None = None):
     """Batch normalisation with given statistics:
     ``(x - mean) / sqrt(var + eps) * scale + bias`` per channel `axis`. mean, var, scale and
-    bias have shape ``(C,)`` (scale/bias may be None); all inputs are differentiable."""
+    bias have shape ``(C,)`` (scale/bias may be None); all inputs are differentiable. `algo`
+    forces the forward's algorithm (see :func:`norm_algorithms`)."""
     api = "jaxdnn.batch_norm_inference"
     x, eps, scale, bias, shape = _per_channel(api, x, scale, bias, axis, eps)
     c, sd = shape.C, stat_dtype(x.dtype)
@@ -561,14 +731,16 @@ def batch_norm_inference(x, scale, bias, mean, var, *, axis: int = -1, eps: floa
         raise TypeError(f"{api}: `mean` and `var` are required")
     mean = _param(mean, "mean", (c,), sd, 0, api)
     var = _param(var, "var", (c,), sd, 0, api)
-    y = norm_infer_p.bind(x.reshape(-1), scale, bias, mean, var, shape=shape, eps=eps)
+    y = norm_infer_p.bind(x.reshape(-1), scale, bias, mean, var, shape=shape, eps=eps,
+                          **_selection(algo, api))
     return y.reshape(x.shape)
 
 
 _GROUP_LAYOUTS = ("NC", "NWC", "NCW", "NHWC", "NCHW", "NDHWC", "NCDHW")
 
 
-def group_norm(x, scale, bias, *, groups: int, eps: float = 1e-5, layout: str | None = None):
+def group_norm(x, scale, bias, *, groups: int, eps: float = 1e-5, layout: str | None = None,
+               algo: str | None = None):
     """Group normalisation: statistics per (sample, group) over the spatial dims and the
     group's ``C / groups`` channels; ``groups=C`` is instance norm, ``groups=1`` layer norm
     over everything but the batch.
@@ -578,6 +750,8 @@ def group_norm(x, scale, bias, *, groups: int, eps: float = 1e-5, layout: str | 
       scale, bias: per channel, shape ``(C,)``, or None.
       groups: number of groups, must divide C.
       layout: None (channels-last), or one of NC, NWC, NCW, NHWC, NCHW, NDHWC, NCDHW.
+      algo: None, or an algorithm of the platform's registry for the forward (see
+        :func:`norm_algorithms`).
     """
     api = "jaxdnn.group_norm"
     x = _checks.operand(x, "x", api)
@@ -608,5 +782,5 @@ def group_norm(x, scale, bias, *, groups: int, eps: float = 1e-5, layout: str | 
         shape = NormShape(P=x.shape[0], A=1, C=g, K=k, T=spatial)
     else:
         shape = NormShape(P=x.shape[0], A=spatial, C=g, K=k, T=1)
-    y, _, _ = _train(x, scale, bias, shape, eps, True)
+    y, _, _ = _train(x, scale, bias, shape, eps, True, algo, api)
     return y

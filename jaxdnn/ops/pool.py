@@ -16,6 +16,14 @@ to the selection is zero, so every order of ``grad``/``jvp`` runs our kernels. A
 is linear: forward and backward are each other's transpose. Batching folds the mapped axis
 into N.
 
+Every primitive carries ``algo`` (an algorithm forced by the caller, or None) and ``policy``
+(the jaxdnn.config policy at trace time); the algorithm is chosen from the platform's registry
+at lowering time (jaxdnn/algo.py: heuristic, forced or benchmark) and named in the custom call,
+as for convolutions and softmax. :func:`pool_algorithms` lists them: the GPU's forward
+"global", "tile", "strip" and "window" kernels and backward "gather"; the CPU's "window" and
+"gather". A forced ``algo=`` applies to the forward ops; derivatives that run the other
+direction choose their own.
+
 The selected element of a window (where the gradient goes) is the first maximal one in window
 order, padding counting as -inf: the rule of ``jax.grad`` of ``lax.reduce_window`` max. So a
 window of -inf routes its gradient to its first tap, and drops it when that tap is padding.
@@ -28,6 +36,7 @@ scatter stay each other's transposes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -37,8 +46,10 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 
 from .. import _checks, _ffi
+from .. import _config as config_lib
+from ..selection import core as algo_lib
 
-__all__ = ["avg_pool", "global_avg_pool", "max_pool"]
+__all__ = ["avg_pool", "global_avg_pool", "max_pool", "pool_algorithms"]
 
 _CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
 _CHANNELS_FIRST = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
@@ -96,33 +107,86 @@ def _check(name, operand, shape, dtype=None):
 
 
 def _unary_abstract(name, *, reads_y):
-    def rule(a, *, spec, count_include_pad=True):
-        del count_include_pad
+    def rule(a, *, spec, count_include_pad=True, algo, policy):
+        del count_include_pad, algo, policy
         _check(name, a, spec.out_shape if reads_y else spec.in_shape)
         return ShapedArray(spec.in_shape if reads_y else spec.out_shape, a.dtype)
     return rule
 
 
-def _max_fwd_index_abstract(x, *, spec):
+def _max_fwd_index_abstract(x, *, spec, algo, policy):
     _check("max_fwd_index", x, spec.in_shape)
     return (ShapedArray(spec.out_shape, x.dtype), ShapedArray(spec.out_shape, spec.index_dtype))
 
 
 def _indexed_abstract(name, *, reads_y):
-    def rule(a, idx, *, spec):
+    def rule(a, idx, *, spec, algo, policy):
         _check(name, a, spec.out_shape if reads_y else spec.in_shape)
         _check(name, idx, spec.out_shape, spec.index_dtype)
         return ShapedArray(spec.in_shape if reads_y else spec.out_shape, a.dtype)
     return rule
 
 
-def _attrs(platform, ctx, *, spec, count_include_pad=True):
-    del platform, ctx
-    return spec.attrs(count_include_pad)
+_FWD_OPS = ("max_fwd", "max_fwd_index", "avg_fwd")
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolProblem:
+    """One pooling kernel call: `op` (max_fwd, max_fwd_index, avg_fwd: direction "fwd";
+    max_gather, max_scatter, avg_bwd: "bwd") on `spec`, operands of `dtype`."""
+
+    op: str
+    spec: PoolSpec
+    dtype: np.dtype
+    count_include_pad: bool = True
+    forced_algo: str | None = None
+    policy: tuple[bool, bool, int] = (False, False, -1)
+
+    @property
+    def direction(self) -> str:
+        return "fwd" if self.op in _FWD_OPS else "bwd"
+
+    def encode(self) -> list[int]:
+        """N, C, then in, out, window, stride, pad_lo, pad_hi (3 each; cc/pool/pool.h)."""
+        n, *spatial, c = self.spec.in_shape
+        k = 3 - len(spatial)
+        a = self.spec.attrs()
+        out = self.spec.out_shape[1:-1]
+        return [n, c, *(1,) * k, *spatial, *(1,) * k, *out, *a["window"], *a["stride"],
+                *a["pad_lo"], *a["pad_hi"]]
+
+    def describe(self) -> str:
+        return f"pool {self.op} {'x'.join(map(str, self.encode()))} {self.dtype.name}"
+
+    def key(self) -> str:
+        return (f"pool|{self.op}|{','.join(map(str, self.encode()))}|{self.dtype.name}|"
+                f"{int(self.count_include_pad)}")
+
+    def choose(self, platform: str) -> algo_lib.Choice:
+        return algo_lib.select_algorithm(
+            "pool", self.direction, pool_algorithms(self, platform), platform, self.forced_algo,
+            self.policy, self.key(), lambda: _find(self, platform))
+
+
+def pool_algorithms(problem: PoolProblem, platform: str | None = None):
+    """"Get" for pooling: the registry of `platform` for the problem's direction, with
+    applicability, in preference order."""
+    platform = algo_lib.platform_name(platform)
+    raw = _ffi.module_for(platform).pool_algorithms(problem.op, problem.encode(),
+                                                     problem.dtype.name,
+                                                     problem.count_include_pad)
+    return algo_lib.registry_infos(raw, problem.direction, platform)
+
+
+def _attrs(op, platform, ctx, *, spec, count_include_pad=True, algo, policy):
+    problem = PoolProblem(op, spec, np.dtype(ctx.avals_in[0].dtype), count_include_pad, algo,
+                          policy)
+    return dict(spec.attrs(count_include_pad), algo=problem.choose(platform).name)
 
 
 def _define(name, abstract_eval, **kw):
-    return _ffi.define_primitive(f"jaxdnn_pool_{name}", abstract_eval, attrs=_attrs, **kw)
+    return _ffi.define_primitive(f"jaxdnn_pool_{name}", abstract_eval,
+                                 attrs=functools.partial(_attrs, name), **kw)
 
 
 pool_max_fwd_p = _define("max_fwd", _unary_abstract("max_fwd", reads_y=False))
@@ -133,6 +197,85 @@ pool_avg_fwd_p = _define("avg_fwd", _unary_abstract("avg_fwd", reads_y=False))
 pool_avg_bwd_p = _define("avg_bwd", _unary_abstract("avg_bwd", reads_y=True))
 
 
+# Relative L2 error find allows against XLA's reduce_window, by dtype.
+_FIND_TOL = {np.dtype(jnp.float64): 1e-9, np.dtype(jnp.float32): 1e-5,
+             np.dtype(jnp.float16): 1e-2, np.dtype(jnp.bfloat16): 1e-2}
+
+
+def _lax_pool(p: PoolProblem, x):
+    """XLA's pooling of x (find's oracle for the forward ops), in float32 or wider."""
+    x = x.astype(jnp.promote_types(p.dtype, jnp.float32))
+    dims, strides = (1, *p.spec.window, 1), (1, *p.spec.stride, 1)
+    pads = ((0, 0), *p.spec.padding, (0, 0))
+    if p.op.startswith("max"):
+        return lax.reduce_window(x, -jnp.inf, lax.max, dims, strides, pads)
+    total = lax.reduce_window(x, 0.0, lax.add, dims, strides, pads)
+    if p.count_include_pad:
+        return total / np.prod(p.spec.window)
+    return total / lax.reduce_window(jnp.ones_like(x), 0.0, lax.add, dims, strides, pads)
+
+
+def _find_case(p: PoolProblem, x, c):
+    """(the problem's primitive on operands built from x and c, taking the algorithm name; the
+    operands; XLA's result) for find. The backward ops' oracles are the derivatives of
+    reduce_window (random data: no ties)."""
+    params = dict(spec=p.spec, policy=(False, False, -1))
+    if p.op == "avg_fwd":
+        return (lambda n, a: pool_avg_fwd_p.bind(a, count_include_pad=p.count_include_pad,
+                                                 algo=n, **params), (x,), _lax_pool(p, x))
+    if p.op in ("max_fwd", "max_fwd_index"):
+        prim = pool_max_fwd_p if p.op == "max_fwd" else pool_max_fwd_index_p
+        first = (lambda out: out) if p.op == "max_fwd" else (lambda out: out[0])
+        return (lambda n, a: first(prim.bind(a, algo=n, **params)), (x,), _lax_pool(p, x))
+    fwd = dataclasses.replace(p, op="max_fwd" if p.op.startswith("max") else "avg_fwd")
+    if p.op == "avg_bwd":
+        dy = c[tuple(slice(0, d) for d in p.spec.out_shape)]
+        ref = jax.linear_transpose(lambda a: _lax_pool(fwd, a), x.astype(
+            jnp.promote_types(p.dtype, jnp.float32)))(dy.astype(jnp.promote_types(p.dtype,
+                                                                                  jnp.float32)))
+        return (lambda n, a: pool_avg_bwd_p.bind(a, count_include_pad=p.count_include_pad,
+                                                 algo=n, **params), (dy,), ref[0])
+    _, idx = pool_max_fwd_index_p.bind(x, algo=None, **params)
+    if p.op == "max_gather":
+        t = c[tuple(slice(0, d) for d in p.spec.in_shape)]
+        ref = jax.jvp(lambda a: _lax_pool(fwd, a), (x,), (t,))[1]
+        return (lambda n, t, i: pool_max_gather_p.bind(t, i, algo=n, **params), (t, idx), ref)
+    dy = c[tuple(slice(0, d) for d in p.spec.out_shape)]
+    _, vjp = jax.vjp(lambda a: _lax_pool(fwd, a), x)
+    return (lambda n, d, i: pool_max_scatter_p.bind(d, i, algo=n, **params), (dy, idx),
+            vjp(dy.astype(jnp.promote_types(p.dtype, jnp.float32)))[0])
+
+
+def _find(p: PoolProblem, platform: str, repeats: int = 5) -> list[dict]:
+    """Times every supported algorithm for `p` (wall clock over rotating inputs) after checking
+    it against XLA; plain dicts as the tuning cache stores them."""
+    dev = jax.devices("gpu" if platform == "cuda" else "cpu")[0]
+    rng = np.random.default_rng(0)
+    big = tuple(max(a, b) for a, b in zip(p.spec.in_shape, p.spec.out_shape))
+    cases = [_find_case(p, *(jax.device_put(rng.standard_normal(shape).astype(p.dtype), dev)
+                             for shape in (p.spec.in_shape, big)))
+             for _ in range(4)]
+    ref = np.asarray(cases[0][2], np.float64)
+    inputs = [ops for _, ops, _ in cases]
+    results = []
+    for info in pool_algorithms(p, platform):
+        base = dict(name=info.name, workspace_bytes=0, deterministic=info.deterministic)
+        if not info.supported:
+            results.append(dict(base, ok=False, time_s=float("inf"), error=float("nan"),
+                                reason=info.reason))
+            continue
+        fn = functools.partial(cases[0][0], info.name)
+        out = np.asarray(jax.jit(fn)(*inputs[0]), np.float64)
+        err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300))
+        if not err <= _FIND_TOL[p.dtype]:
+            results.append(dict(base, ok=False, time_s=float("inf"), error=err,
+                                reason=f"wrong result: relative error {err:.2e}"))
+            continue
+        results.append(dict(base, ok=True, time_s=algo_lib.time_jitted(fn, inputs, repeats),
+                            error=err, reason=""))
+    return sorted(results, key=lambda r: (not r["ok"], r["time_s"], r["name"]))
+
+
 # Autodiff. max_fwd's tangent is the tangent at the selected element; gather and scatter are
 # linear in their first operand and constant in the (integer) selection.
 
@@ -140,39 +283,45 @@ def _zero_like(v):
     return ad.Zero(jax.typeof(v).to_tangent_aval())
 
 
-def _max_fwd_jvp(primals, tangents, *, spec):
+def _max_fwd_jvp(primals, tangents, *, spec, algo, policy):
     (x,), (tx,) = primals, tangents
     if type(tx) is ad.Zero:
-        y = pool_max_fwd_p.bind(x, spec=spec)
+        y = pool_max_fwd_p.bind(x, spec=spec, algo=algo, policy=policy)
         return y, _zero_like(y)
-    y, idx = pool_max_fwd_index_p.bind(x, spec=spec)
-    return y, pool_max_gather_p.bind(tx, idx, spec=spec)
+    y, idx = pool_max_fwd_index_p.bind(x, spec=spec, algo=algo, policy=policy)
+    return y, pool_max_gather_p.bind(tx, idx, spec=spec, algo=None, policy=policy)
 
 
-def _max_fwd_index_jvp(primals, tangents, *, spec):
+def _max_fwd_index_jvp(primals, tangents, *, spec, algo, policy):
     (x,), (tx,) = primals, tangents
-    y, idx = pool_max_fwd_index_p.bind(x, spec=spec)
+    y, idx = pool_max_fwd_index_p.bind(x, spec=spec, algo=algo, policy=policy)
     ty = (_zero_like(y) if type(tx) is ad.Zero else
-          pool_max_gather_p.bind(tx, idx, spec=spec))
+          pool_max_gather_p.bind(tx, idx, spec=spec, algo=None, policy=policy))
     return (y, idx), (ty, _zero_like(idx))
 
 
 def _indexed_jvp(prim):
-    def rule(primals, tangents, *, spec):
+    def rule(primals, tangents, **params):
         (a, idx), (ta, _) = primals, tangents
-        out = prim.bind(a, idx, spec=spec)
+        out = prim.bind(a, idx, **params)
         if type(ta) is ad.Zero:
             return out, _zero_like(out)
-        return out, prim.bind(ta, idx, spec=spec)
+        return out, prim.bind(ta, idx, **params)
     return rule
 
 
 def _indexed_transpose(other):
-    def rule(ct, a, idx, *, spec):
+    def rule(ct, a, idx, *, spec, algo, policy):
         assert ad.is_undefined_primal(a) and not ad.is_undefined_primal(idx)
         if type(ct) is ad.Zero:
             return [ad.Zero(a.aval.to_tangent_aval()), None]
-        return [other.bind(ct, idx, spec=spec), None]
+        return [other.bind(ct, idx, spec=spec, algo=None, policy=policy), None]
+    return rule
+
+
+def _avg_transpose(other):
+    def rule(ct, _, *, algo, **params):
+        return [other.bind(ct, algo=None, **params)]
     return rule
 
 
@@ -182,8 +331,8 @@ ad.primitive_jvps[pool_max_gather_p] = _indexed_jvp(pool_max_gather_p)
 ad.primitive_jvps[pool_max_scatter_p] = _indexed_jvp(pool_max_scatter_p)
 ad.primitive_transposes[pool_max_gather_p] = _indexed_transpose(pool_max_scatter_p)
 ad.primitive_transposes[pool_max_scatter_p] = _indexed_transpose(pool_max_gather_p)
-ad.deflinear2(pool_avg_fwd_p, lambda ct, _, **kw: [pool_avg_bwd_p.bind(ct, **kw)])
-ad.deflinear2(pool_avg_bwd_p, lambda ct, _, **kw: [pool_avg_fwd_p.bind(ct, **kw)])
+ad.deflinear2(pool_avg_fwd_p, _avg_transpose(pool_avg_bwd_p))
+ad.deflinear2(pool_avg_bwd_p, _avg_transpose(pool_avg_fwd_p))
 
 
 # Batching: the mapped axis is folded into N (an unmapped operand of gather/scatter is
@@ -290,7 +439,16 @@ def _canonical(x, window, strides, padding, layout, api):
 # Public API
 # ----------------------------------------------------------------------------------------------
 
-def max_pool(x, window, strides=None, padding="VALID", layout: str | None = None):
+def _selection(algo, api):
+    """The selection parameters of a call: a forced algorithm (checked to be a name) and the
+    jaxdnn.config policy."""
+    if algo is not None and not isinstance(algo, str):
+        raise TypeError(f"{api}: `algo` must be None or an algorithm name, got {algo!r}")
+    return dict(algo=algo, policy=config_lib.settings().policy())
+
+
+def max_pool(x, window, strides=None, padding="VALID", layout: str | None = None, *,
+             algo: str | None = None):
     """Max pooling over 1, 2 or 3 spatial dimensions.
 
     Matches ``lax.reduce_window(x, -inf, lax.max, ...)``: padding is -inf and NaN propagates.
@@ -304,13 +462,16 @@ def max_pool(x, window, strides=None, padding="VALID", layout: str | None = None
         PyTorch; note that flax's ``max_pool`` defaults to stride 1).
       padding: ``"VALID"``, ``"SAME"``, an int, or one ``(low, high)`` pair per spatial dim.
       layout: one of ``NWC NCW NHWC NCHW NDHWC NCDHW``; default: channels-last of x's rank.
+      algo: None, or a forward algorithm of the platform's registry (see
+        :func:`pool_algorithms`).
     """
-    x, spec, finish = _canonical(x, window, strides, padding, layout, "jaxdnn.max_pool")
-    return finish(pool_max_fwd_p.bind(x, spec=spec))
+    api = "jaxdnn.max_pool"
+    x, spec, finish = _canonical(x, window, strides, padding, layout, api)
+    return finish(pool_max_fwd_p.bind(x, spec=spec, **_selection(algo, api)))
 
 
 def avg_pool(x, window, strides=None, padding="VALID", count_include_pad: bool = True,
-             layout: str | None = None):
+             layout: str | None = None, *, algo: str | None = None):
     """Average pooling over 1, 2 or 3 spatial dimensions.
 
     The window sum (zero padding) is divided by the window size, or with
@@ -321,17 +482,19 @@ def avg_pool(x, window, strides=None, padding="VALID", count_include_pad: bool =
     api = "jaxdnn.avg_pool"
     if not isinstance(count_include_pad, (bool, np.bool_)):
         raise TypeError(f"{api}: `count_include_pad` must be a bool, got {count_include_pad!r}")
-    return _avg_pool(x, window, strides, padding, bool(count_include_pad), layout, api)
+    return _avg_pool(x, window, strides, padding, bool(count_include_pad), layout, api, algo)
 
 
-def _avg_pool(x, window, strides, padding, count_include_pad, layout, api):
+def _avg_pool(x, window, strides, padding, count_include_pad, layout, api, algo):
     x, spec, finish = _canonical(x, window, strides, padding, layout, api)
-    return finish(pool_avg_fwd_p.bind(x, spec=spec, count_include_pad=count_include_pad))
+    return finish(pool_avg_fwd_p.bind(x, spec=spec, count_include_pad=count_include_pad,
+                                      **_selection(algo, api)))
 
 
-def global_avg_pool(x, layout: str | None = None, keepdims: bool = False):
+def global_avg_pool(x, layout: str | None = None, keepdims: bool = False, *,
+                    algo: str | None = None):
     """Mean over all spatial dimensions: ``(N, ..., C) -> (N, C)`` (or ``(N, 1, ..., 1, C)``
-    in ``layout`` with ``keepdims=True``)."""
+    in ``layout`` with ``keepdims=True``). `algo` as in :func:`avg_pool`."""
     api = "jaxdnn.global_avg_pool"
     x = _checks.operand(x, "x", api)
     if layout is None and x.ndim - 2 not in _CHANNELS_LAST:
@@ -341,7 +504,7 @@ def global_avg_pool(x, layout: str | None = None, keepdims: bool = False):
     spatial = x.shape[2:] if channels_first else x.shape[1:-1]
     if any(s == 0 for s in spatial):
         raise ValueError(f"{api}: `x` has an empty spatial dimension {tuple(x.shape)}")
-    y = _avg_pool(x, tuple(spatial), None, "VALID", True, layout, api)
+    y = _avg_pool(x, tuple(spatial), None, "VALID", True, layout, api, algo)
     if keepdims:
         return y
     return y.reshape(y.shape[0], y.shape[1]) if channels_first else y.reshape(y.shape[0], -1)
