@@ -241,9 +241,9 @@ ffi::Error find_norm_algorithm(const char* target, norm::Pass pass, norm::Half h
   return ffi::Error::Success();
 }
 
-// The handlers' bodies. Platform provides Ctx (the context argument), algorithms(pass, p), and
-// poison(ctx, results), forward(algo, p, b, half, ctx), inference(algo, p, b, ctx),
-// backward(algo, p, b, ctx).
+// The handlers' bodies. Platform provides Ctx (the context argument), bind() and kTraits,
+// algorithms(pass, p), poison(ctx, results), forward(algo, p, b, half, ctx),
+// inference(algo, p, b, ctx) and backward(algo, p, b, ctx).
 template <typename Platform>
 struct NormHandlers {
   using Ctx = typename Platform::Ctx;
@@ -353,6 +353,21 @@ struct NormHandlers {
     if (ffi::Error e = Platform::poison(ctx, results); e.failure()) return e;
     return to_error(Platform::backward(*a, p, b, ctx));
   }
+ public:
+  // The XLA handlers of the targets, bound on Platform's context with its traits (bind(),
+  // kTraits: cpu_common.h's CpuPlatform, cuda_common.h's CudaPlatform).
+#define JAXDNN_NORM_TARGET(fn, impl, binder)                                      \
+  static XLA_FFI_Handler* fn() {                                                  \
+    XLA_FFI_DEFINE_HANDLER(h, impl, binder(Platform::bind()), Platform::kTraits); \
+    return h;                                                                     \
+  }
+  JAXDNN_NORM_TARGET(fwd, Fwd, bind_norm_fwd)
+  JAXDNN_NORM_TARGET(fwd_stats, FwdStats, bind_norm_fwd_stats)
+  JAXDNN_NORM_TARGET(fwd_apply, FwdApply, bind_norm_fwd_apply)
+  JAXDNN_NORM_TARGET(infer, Infer, bind_norm_infer)
+  JAXDNN_NORM_TARGET(bwd, Bwd, bind_norm_bwd)
+  JAXDNN_NORM_TARGET(infer_bwd, InferBwd, bind_norm_infer_bwd)
+#undef JAXDNN_NORM_TARGET
 };
 
 }  // namespace jaxdnn::ffi_util

@@ -1,6 +1,7 @@
 // XLA:CPU handlers of the norm targets (cc/ffi/norm_common.h lists them and holds their
 // bodies): poison the results on the host, run the kernels on the intra-op thread pool.
 
+#include "cc/ffi/cpu_common.h"
 #include "cc/ffi/cpu_parallel.h"
 #include "cc/ffi/handlers.h"
 #include "cc/ffi/norm_common.h"
@@ -9,7 +10,7 @@
 namespace jaxdnn::ffi_util {
 namespace {
 
-struct CpuNorm {
+struct CpuNorm : CpuPlatform {
   using Ctx = ffi::ThreadPool;
   static std::vector<const norm::Algorithm*> algorithms(norm::Pass pass, const norm::Problem& p) {
     return norm::cpu_algorithms(pass, p);
@@ -37,17 +38,9 @@ using H = NormHandlers<CpuNorm>;
 
 }  // namespace
 
-#define JAXDNN_NORM_CPU_HANDLER(name, impl, bind) \
-  XLA_FFI_DEFINE_HANDLER(name, impl, bind(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()))
-JAXDNN_NORM_CPU_HANDLER(kNormFwdCpu, H::Fwd, bind_norm_fwd);
-JAXDNN_NORM_CPU_HANDLER(kNormInferCpu, H::Infer, bind_norm_infer);
-JAXDNN_NORM_CPU_HANDLER(kNormBwdCpu, H::Bwd, bind_norm_bwd);
-JAXDNN_NORM_CPU_HANDLER(kNormInferBwdCpu, H::InferBwd, bind_norm_infer_bwd);
-#undef JAXDNN_NORM_CPU_HANDLER
-
-JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_fwd", kNormFwdCpu);
-JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_infer", kNormInferCpu);
-JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_bwd", kNormBwdCpu);
-JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_infer_bwd", kNormInferBwdCpu);
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_fwd", H::fwd());
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_infer", H::infer());
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_bwd", H::bwd());
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_norm_infer_bwd", H::infer_bwd());
 
 }  // namespace jaxdnn::ffi_util

@@ -13,7 +13,7 @@
 namespace jaxdnn::ffi_util {
 namespace {
 
-struct CudaNorm {
+struct CudaNorm : CudaPlatform {
   using Ctx = cudaStream_t;
   static std::vector<const norm::Algorithm*> algorithms(norm::Pass pass, const norm::Problem& p) {
     return norm::cuda_algorithms(pass, p);
@@ -33,23 +33,11 @@ using H = NormHandlers<CudaNorm>;
 
 }  // namespace
 
-#define JAXDNN_NORM_CUDA_HANDLER(name, impl, bind)                                  \
-  XLA_FFI_DEFINE_HANDLER(name, impl,                                                \
-                         bind(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()), \
-                         {ffi::Traits::kCmdBufferCompatible})
-JAXDNN_NORM_CUDA_HANDLER(kNormFwdCuda, H::Fwd, bind_norm_fwd);
-JAXDNN_NORM_CUDA_HANDLER(kNormFwdStatsCuda, H::FwdStats, bind_norm_fwd_stats);
-JAXDNN_NORM_CUDA_HANDLER(kNormFwdApplyCuda, H::FwdApply, bind_norm_fwd_apply);
-JAXDNN_NORM_CUDA_HANDLER(kNormInferCuda, H::Infer, bind_norm_infer);
-JAXDNN_NORM_CUDA_HANDLER(kNormBwdCuda, H::Bwd, bind_norm_bwd);
-JAXDNN_NORM_CUDA_HANDLER(kNormInferBwdCuda, H::InferBwd, bind_norm_infer_bwd);
-#undef JAXDNN_NORM_CUDA_HANDLER
-
-JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_fwd", kNormFwdCuda);
-JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_fwd_stats", kNormFwdStatsCuda);
-JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_fwd_apply", kNormFwdApplyCuda);
-JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_infer", kNormInferCuda);
-JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_bwd", kNormBwdCuda);
-JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_infer_bwd", kNormInferBwdCuda);
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_fwd", H::fwd());
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_fwd_stats", H::fwd_stats());
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_fwd_apply", H::fwd_apply());
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_infer", H::infer());
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_bwd", H::bwd());
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_norm_infer_bwd", H::infer_bwd());
 
 }  // namespace jaxdnn::ffi_util
