@@ -5,13 +5,12 @@ jaxdnn.conv_general_dilated(..., algo="im2col_gemm"). The grid covers 1-D/2-D/3-
 asymmetric and negative padding, lhs and rhs dilation, groups (depthwise too), batch groups,
 pointwise (no im2col) problems, empty dims, and shapes large enough to cross every blocking
 boundary (several k blocks, column panels, row chunks, dw tiles, edge tiles). Determinism is
-checked bit for bit across repeated calls and across thread counts, and the AVX2 and baseline
-x86-64 kernels are checked in subprocesses.
+checked bit for bit across repeated calls and across thread counts, and every instruction-set
+variant the CPU supports (im2col_gemm.avx512, .avx2, .generic) is forced and checked.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from jax import lax
 import jaxdnn
 
 from problems import ConvCase, channels_last
-from util import assert_close, rand
+from util import assert_close, by_base, rand
 
 ALGO = "im2col_gemm"
 
@@ -99,9 +98,9 @@ def _ref_all(case, x, w, ct):
     return (y, *vjp(ct))
 
 
-@partial(jax.jit, static_argnums=(0, 4))
-def _ours_all(case, x, w, ct, preferred=None):
-    f = partial(jaxdnn.conv_general_dilated, **case.kw, algo=ALGO,
+@partial(jax.jit, static_argnums=(0, 4, 5))
+def _ours_all(case, x, w, ct, preferred=None, algo=ALGO):
+    f = partial(jaxdnn.conv_general_dilated, **case.kw, algo=algo,
                 preferred_element_type=preferred)
     y, vjp = jax.vjp(f, x, w)
     return (y, *vjp(ct.astype(y.dtype)))
@@ -157,13 +156,13 @@ def test_conv_api_and_workspace():
     f32 = np.dtype("float32")
     for direction in ("fwd", "bwd_data", "bwd_filter"):
         infos = jaxdnn.conv_algorithms(jaxdnn.ConvProblem(direction, spec, f32, f32), "cpu")
-        info = {a.name: a for a in infos}[ALGO]
+        info = by_base(infos)[ALGO]
         assert info.supported and info.deterministic and info.workspace_bytes > 0
         assert info.rank == 0  # the CPU heuristic's first choice for this size
 
 
 # ----------------------------------------------------------------------------------------------
-# Determinism and the other instruction sets
+# Determinism and the instruction-set variants
 # ----------------------------------------------------------------------------------------------
 
 DETERMINISM_CASES = ("many_rows", "wide_channels", "dw_row_and_col_tiles", "groups", "sliced_dw",
@@ -176,7 +175,7 @@ def _bits(arrays):
 
 
 def _results(names, dtype):
-    """Our (y, dx, dw) for the named cases, as lists of float64 lists, keyed by case."""
+    """Our (y, dx, dw) for the named cases, as lists of arrays, keyed by case."""
     out = {}
     for case in (c for c in CASES if c.name in names):
         x, w, ct = _inputs(case, dtype)
@@ -195,61 +194,81 @@ def test_deterministic_repeated_calls():
 
 
 _WORKER = """
-import json, os, sys
+import os, sys
 import numpy as np
-if os.environ.get("ONE_CPU"):
-    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 sys.path.insert(0, sys.argv[1])
 import conftest  # float64 and poisoned outputs, as in the test session
 import test_conv_im2col as t
-out = {}
-for dtype, suffix, names in t.ISA_DTYPES:
-    for k, v in t._results(json.loads(sys.argv[2]) if names is None else names, dtype).items():
-        out.update({f"{k}_{i}{suffix}": np.asarray(a, np.float64) for i, a in enumerate(v)})
-np.savez(sys.argv[3], **out)
+res = t._results(t.THREAD_CASES, np.float32)
+np.savez(sys.argv[2], **{f"{k}_{i}": a for k, v in res.items() for i, a in enumerate(v)})
 """
-# (dtype, key suffix, case names or None for all) computed by each subprocess.
-ISA_DTYPES = [(np.float32, "", None), (np.float64, "_f64", None),
-              (jnp.bfloat16, "_bf16", ["3x3_same", "pointwise"]),
-              (jnp.float16, "_f16", ["3x3_same", "pointwise"])]
+THREAD_CASES = list(DETERMINISM_CASES) + ["negative_pad_lhs_dil", "pointwise", "3d", "depthwise"]
 
 
-def _run_workers(tmp_path, envs, names):
-    """Runs _results in one subprocess per env (in parallel); returns their npz files."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    procs, files = [], []
-    for i, extra in enumerate(envs):
-        path = str(tmp_path / f"worker{i}.npz")
-        env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
-        # cwd outside the source tree: `python -c` puts the cwd first on sys.path.
-        procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, here, json.dumps(names),
-                                       path], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-        files.append(path)
-    for p in procs:
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, out
-    return [np.load(f) for f in files]
-
-
-def test_other_thread_counts_and_isas(tmp_path):
+def test_one_cpu_is_bitwise_the_same(tmp_path):
     """One CPU (a single-thread pool, so other chunkings and tilings) gives bitwise the same
-    results as this process; the AVX2 and baseline kernels agree with the float64 reference."""
-    names = list(DETERMINISM_CASES) + ["negative_pad_lhs_dil", "pointwise", "3d", "depthwise"]
-    one_cpu, avx2, generic = _run_workers(
-        tmp_path, [{"ONE_CPU": "1"}, {"JAXDNN_CPU_ISA": "avx2"}, {"JAXDNN_CPU_ISA": "generic"}],
-        names)
-    here = _results(names, jnp.float32)
-    for name, arrays in here.items():
+    results as this process."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = str(tmp_path / "one_cpu.npz")
+    # cwd outside the source tree: `python -c` puts the cwd first on sys.path.
+    proc = subprocess.run([sys.executable, "-c", _WORKER, here, path], cwd=tmp_path,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout
+    one_cpu = np.load(path)
+    for name, arrays in _results(THREAD_CASES, jnp.float32).items():
         for i, a in enumerate(arrays):
-            theirs = one_cpu[f"{name}_{i}"].astype(np.float32)
-            assert np.array_equal(_bits([a])[0], _bits([theirs])[0]), \
+            assert np.array_equal(_bits([a])[0], _bits([one_cpu[f"{name}_{i}"]])[0]), \
                 f"{name} output {i}: one CPU differs from {os.cpu_count()} CPUs"
-    for isa, res in (("avx2", avx2), ("generic", generic)):
-        for dtype, suffix, only in ISA_DTYPES:
-            for case in (c for c in CASES if c.name in (only or names)):
-                x, w, ct = _inputs(case, dtype)
-                want = _ref_all(case, *(np.asarray(a, np.float64) for a in (x, w, ct)))
-                for i, r in enumerate(want):
-                    assert_close(res[f"{case.name}_{i}{suffix}"], r, dtype,
-                                 what=f"{isa} {case} {np.dtype(dtype).name} output {i}")
+
+
+# The instruction-set variants (cc/conv/variant.h), best first, and (dtype, cases) each runs.
+ISAS = ("avx512", "avx2", "generic")
+ISA_CASES = [(jnp.float32, THREAD_CASES), (jnp.float64, THREAD_CASES),
+             (jnp.bfloat16, ["3x3_same", "pointwise"]), (jnp.float16, ["3x3_same", "pointwise"])]
+
+
+def _isa_listing():
+    """{variant name: info} of im2col_gemm for a small float32 problem on this CPU."""
+    spec = jaxdnn.ConvSpec(lhs_shape=(2, 1, 7, 9, 5), rhs_shape=(1, 3, 3, 5, 6),
+                           stride=(1, 1, 1), padding=((0, 0), (1, 1), (1, 1)),
+                           lhs_dilation=(1, 1, 1), rhs_dilation=(1, 1, 1), groups=1)
+    f32 = np.dtype("float32")
+    infos = jaxdnn.conv_algorithms(jaxdnn.ConvProblem("fwd", spec, f32, f32), "cpu")
+    return {a.name: a for a in infos if a.base == ALGO}
+
+
+def test_isa_listing():
+    """Every instruction set is a listed variant; the default runs the best one the CPU has, and
+    one it lacks is unsupported with the reason."""
+    listed = _isa_listing()
+    assert set(listed) == {f"{ALGO}.{isa}" for isa in ISAS}
+    supported = [isa for isa in ISAS if listed[f"{ALGO}.{isa}"].supported]
+    assert "generic" in supported
+    assert supported == list(ISAS[ISAS.index(supported[0]):]), "a lesser ISA is missing"
+    default = [name for name, a in listed.items() if a.default]
+    assert default == [f"{ALGO}.{supported[0]}"]
+    for isa in ISAS[:ISAS.index(supported[0])]:
+        assert "this CPU lacks" in listed[f"{ALGO}.{isa}"].reason
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_isa_variant_matches_lax(isa):
+    """Each instruction set the CPU supports, forced by its variant name, against the float64
+    reference on the cases that cross the blocking boundaries (whose sizes depend on it)."""
+    name = f"{ALGO}.{isa}"
+    info = _isa_listing()[name]
+    if not info.supported:
+        pytest.skip(info.reason)
+    for dtype, names in ISA_CASES:
+        for case in (c for c in CASES if c.name in names):
+            x, w, ct = _inputs(case, dtype)
+            want = _ref_all(case, *(np.asarray(a, np.float64) for a in (x, w, ct)))
+            got = _ours_all(case, x, w, ct, algo=name)
+            for i, (g, r) in enumerate(zip(got, want)):
+                assert_close(g, r, dtype, what=f"{name} {case} {np.dtype(dtype).name} output {i}")
+    x, w, _ = _inputs(CASES[0], jnp.float32)
+    text = jax.jit(partial(jaxdnn.conv_general_dilated, **CASES[0].kw, algo=name)).lower(
+        x, w).as_text()
+    assert f'algo = "{name}"' in text

@@ -1,46 +1,42 @@
-// The GEMM of cpu_gemm.h: microkernels, packing, and the run-time choice of instruction set.
+// The GEMM of cpu_gemm.h: microkernels, packing, and what the CPU supports.
 //
 // The microkernel and A packing are written once with GCC vector extensions (a vector of W
 // elements of T) and instantiated three times inside functions compiled for AVX-512, AVX2+FMA
 // and baseline x86-64 (target attributes); the vector code takes the instruction set of the
-// function it is inlined into. __builtin_cpu_supports picks one at the first call;
-// JAXDNN_CPU_ISA=avx2|generic forces a lesser one (for testing those paths).
+// function it is inlined into. Each call names the instruction set it runs (its caller's
+// choice, e.g. an im2col_gemm variant); __builtin_cpu_supports says which ones this CPU has.
 
 #include "cc/common/cpu_gemm.h"
 
 #include <immintrin.h>
 
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 namespace jaxdnn::gemm {
 namespace {
 
-enum class Isa { kAvx512, kAvx2, kGeneric };
-
 // Register tile (MR, NV vectors of W) and cache blocking per instruction set and type.
 //   AVX-512 (32 zmm): float (14, 32), double (14, 16): 28 accumulators, 2 B vectors, 1
 //     broadcast. kc * NR * sizeof(T) = 32 KB of B streamed per tile; (kc, nc) panel 512 KB.
 //   AVX2 (16 ymm): (6, 2 vectors): 12 accumulators.   Generic (16 xmm): (4, 2 vectors).
-template <Isa I, typename T> struct Tile;
-template <> struct Tile<Isa::kAvx512, float> {
+template <CpuIsa I, typename T> struct Tile;
+template <> struct Tile<CpuIsa::kAvx512, float> {
   static constexpr int W = 16, MR = 14, NV = 2, KC = 256, NC = 512;
 };
-template <> struct Tile<Isa::kAvx512, double> {
+template <> struct Tile<CpuIsa::kAvx512, double> {
   static constexpr int W = 8, MR = 14, NV = 2, KC = 256, NC = 256;
 };
-template <> struct Tile<Isa::kAvx2, float> {
+template <> struct Tile<CpuIsa::kAvx2, float> {
   static constexpr int W = 8, MR = 6, NV = 2, KC = 256, NC = 512;
 };
-template <> struct Tile<Isa::kAvx2, double> {
+template <> struct Tile<CpuIsa::kAvx2, double> {
   static constexpr int W = 4, MR = 6, NV = 2, KC = 256, NC = 256;
 };
-template <> struct Tile<Isa::kGeneric, float> {
+template <> struct Tile<CpuIsa::kGeneric, float> {
   static constexpr int W = 4, MR = 4, NV = 2, KC = 256, NC = 512;
 };
-template <> struct Tile<Isa::kGeneric, double> {
+template <> struct Tile<CpuIsa::kGeneric, double> {
   static constexpr int W = 2, MR = 4, NV = 2, KC = 256, NC = 256;
 };
 
@@ -90,12 +86,12 @@ template <typename T, int W, int MR, int NV>
 }
 
 // Packs rows [0, mr) of A (mr, kc) k-major into dst (kc, MR), zero rows from mr to MR.
-template <int MR, typename Src, typename T>
+template <CpuIsa I, int MR, typename Src, typename T>
 [[gnu::always_inline]] inline void pack_a_body(Mat<Src> a, int64_t mr, int64_t kc,
                                                T* __restrict dst) {
   if (a.rs == 1) {  // columns of A contiguous: a run of mr per k
     for (int64_t k = 0; k < kc; ++k) {
-      convert(a.data + k * a.cs, mr, dst + k * MR);
+      convert(I, a.data + k * a.cs, mr, dst + k * MR);
       for (int64_t i = mr; i < MR; ++i) dst[k * MR + i] = T(0);
     }
     return;
@@ -119,35 +115,35 @@ template <typename T>
 [[gnu::target(JAXDNN_TARGET_AVX512)]] void kernel_avx512(int64_t kc, const T* a, int64_t ars,
                                                           int64_t acs, const T* b, T* c,
                                                           int64_t ldc, bool accumulate) {
-  using K = Tile<Isa::kAvx512, T>;
+  using K = Tile<CpuIsa::kAvx512, T>;
   kernel_body<T, K::W, K::MR, K::NV>(kc, a, ars, acs, b, c, ldc, accumulate);
 }
 template <typename T>
 [[gnu::target(JAXDNN_TARGET_AVX2)]] void kernel_avx2(int64_t kc, const T* a, int64_t ars,
                                                       int64_t acs, const T* b, T* c, int64_t ldc,
                                                       bool accumulate) {
-  using K = Tile<Isa::kAvx2, T>;
+  using K = Tile<CpuIsa::kAvx2, T>;
   kernel_body<T, K::W, K::MR, K::NV>(kc, a, ars, acs, b, c, ldc, accumulate);
 }
 template <typename T>
 void kernel_generic(int64_t kc, const T* a, int64_t ars, int64_t acs, const T* b, T* c,
                     int64_t ldc, bool accumulate) {
-  using K = Tile<Isa::kGeneric, T>;
+  using K = Tile<CpuIsa::kGeneric, T>;
   kernel_body<T, K::W, K::MR, K::NV>(kc, a, ars, acs, b, c, ldc, accumulate);
 }
 
 template <typename T, typename Src>
 [[gnu::target(JAXDNN_TARGET_AVX512)]] void pack_a_avx512(Mat<Src> a, int64_t mr, int64_t kc,
                                                           T* dst) {
-  pack_a_body<Tile<Isa::kAvx512, T>::MR>(a, mr, kc, dst);
+  pack_a_body<CpuIsa::kAvx512, Tile<CpuIsa::kAvx512, T>::MR>(a, mr, kc, dst);
 }
 template <typename T, typename Src>
 [[gnu::target(JAXDNN_TARGET_AVX2)]] void pack_a_avx2(Mat<Src> a, int64_t mr, int64_t kc, T* dst) {
-  pack_a_body<Tile<Isa::kAvx2, T>::MR>(a, mr, kc, dst);
+  pack_a_body<CpuIsa::kAvx2, Tile<CpuIsa::kAvx2, T>::MR>(a, mr, kc, dst);
 }
 template <typename T, typename Src>
 void pack_a_generic(Mat<Src> a, int64_t mr, int64_t kc, T* dst) {
-  pack_a_body<Tile<Isa::kGeneric, T>::MR>(a, mr, kc, dst);
+  pack_a_body<CpuIsa::kGeneric, Tile<CpuIsa::kGeneric, T>::MR>(a, mr, kc, dst);
 }
 
 // 16-bit to float: float16 with the F16C/AVX-512 conversion instructions, bfloat16 (a shift)
@@ -186,31 +182,20 @@ void to_float_generic(const H* src, int64_t n, float* dst) {
   to_float_body(src, n, dst);
 }
 
-Isa detect_isa() {
+CpuIsa detect_isa() {
   __builtin_cpu_init();
-  Isa best = Isa::kGeneric;
+  CpuIsa best = CpuIsa::kGeneric;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c"))
-    best = Isa::kAvx2;
-  if (best == Isa::kAvx2 && __builtin_cpu_supports("avx512f") &&
+    best = CpuIsa::kAvx2;
+  if (best == CpuIsa::kAvx2 && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq"))
-    best = Isa::kAvx512;
-  const char* force = std::getenv("JAXDNN_CPU_ISA");
-  if (force != nullptr) {
-    const std::string f = force;
-    if (f == "generic") best = Isa::kGeneric;
-    if (f == "avx2" && best == Isa::kAvx512) best = Isa::kAvx2;
-  }
+    best = CpuIsa::kAvx512;
   return best;
 }
 
-Isa the_isa() {
-  static const Isa isa = detect_isa();
-  return isa;
-}
-
-template <Isa I, typename T>
+template <CpuIsa I, typename T>
 Blocking blocking_of() {
   using K = Tile<I, T>;
   static_assert(K::MR * K::KC * int64_t(sizeof(T)) <= kMaxApackBytes);
@@ -219,7 +204,7 @@ Blocking blocking_of() {
   return {K::MR, K::W * K::NV, K::KC, K::NC};
 }
 
-// The chosen microkernel and A packing for (T, Src).
+// The microkernel and A packing of one instruction set for (T, Src).
 template <typename T, typename Src>
 struct Impl {
   Blocking blk;
@@ -228,77 +213,81 @@ struct Impl {
 };
 
 template <typename T, typename Src>
-const Impl<T, Src>& impl() {
-  static const Impl<T, Src> chosen = [] {
-    switch (the_isa()) {
-      case Isa::kAvx512:
-        return Impl<T, Src>{blocking_of<Isa::kAvx512, T>(), kernel_avx512<T>,
-                            pack_a_avx512<T, Src>};
-      case Isa::kAvx2:
-        return Impl<T, Src>{blocking_of<Isa::kAvx2, T>(), kernel_avx2<T>, pack_a_avx2<T, Src>};
-      case Isa::kGeneric: break;
-    }
-    return Impl<T, Src>{blocking_of<Isa::kGeneric, T>(), kernel_generic<T>,
-                        pack_a_generic<T, Src>};
-  }();
-  return chosen;
+const Impl<T, Src>& impl(CpuIsa isa) {
+  static const Impl<T, Src> avx512{blocking_of<CpuIsa::kAvx512, T>(), kernel_avx512<T>,
+                                   pack_a_avx512<T, Src>};
+  static const Impl<T, Src> avx2{blocking_of<CpuIsa::kAvx2, T>(), kernel_avx2<T>,
+                                 pack_a_avx2<T, Src>};
+  static const Impl<T, Src> generic{blocking_of<CpuIsa::kGeneric, T>(), kernel_generic<T>,
+                                    pack_a_generic<T, Src>};
+  switch (isa) {
+    case CpuIsa::kAvx512: return avx512;
+    case CpuIsa::kAvx2: return avx2;
+    default: return generic;
+  }
 }
 
 }  // namespace
 
-void to_float(const f16_t* src, int64_t n, float* dst) {
-  static const auto fn = the_isa() == Isa::kAvx512 ? f16_to_float_avx512
-                         : the_isa() == Isa::kAvx2 ? f16_to_float_avx2
-                                                   : to_float_generic<f16_t>;
-  fn(src, n, dst);
+CpuIsa best_isa() {
+  static const CpuIsa isa = detect_isa();
+  return isa;
 }
 
-void to_float(const bf16_t* src, int64_t n, float* dst) {
-  static const auto fn = the_isa() == Isa::kAvx512 ? bf16_to_float_avx512
-                         : the_isa() == Isa::kAvx2 ? bf16_to_float_avx2
-                                                   : to_float_generic<bf16_t>;
-  fn(src, n, dst);
-}
-
-const char* isa() {
-  switch (the_isa()) {
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kGeneric: break;
+const char* isa_requirements(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return "AVX-512 F, VL, BW and DQ, AVX2, FMA and F16C";
+    case CpuIsa::kAvx2: return "AVX2, FMA and F16C";
+    default: return "x86-64";
   }
-  return "generic";
+}
+
+void to_float(CpuIsa isa, const f16_t* src, int64_t n, float* dst) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return f16_to_float_avx512(src, n, dst);
+    case CpuIsa::kAvx2: return f16_to_float_avx2(src, n, dst);
+    default: return to_float_generic(src, n, dst);
+  }
+}
+
+void to_float(CpuIsa isa, const bf16_t* src, int64_t n, float* dst) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return bf16_to_float_avx512(src, n, dst);
+    case CpuIsa::kAvx2: return bf16_to_float_avx2(src, n, dst);
+    default: return to_float_generic(src, n, dst);
+  }
 }
 
 template <typename T>
-const Blocking& blocking() {
-  return impl<T, T>().blk;
+const Blocking& blocking(CpuIsa isa) {
+  return impl<T, T>(isa).blk;
 }
 
 template <typename T>
-KBlocks k_blocks(int64_t k) {
+KBlocks k_blocks(CpuIsa isa, int64_t k) {
   if (k <= 0) return {0, 1};
-  const int64_t kc_max = blocking<T>().kc_max;
+  const int64_t kc_max = blocking<T>(isa).kc_max;
   const int64_t count = (k + kc_max - 1) / kc_max;
   return {count, (k + count - 1) / count};
 }
 
 template <typename T>
-int64_t packed_b_elems(int64_t k, int64_t n) {
-  const int64_t nr = blocking<T>().nr;
+int64_t packed_b_elems(CpuIsa isa, int64_t k, int64_t n) {
+  const int64_t nr = blocking<T>(isa).nr;
   return k * ((n + nr - 1) / nr * nr);
 }
 
 template <typename T>
-const T* packed_b_panel(const T* packed, int64_t k, int64_t n, int64_t b, int64_t j) {
-  const int64_t nr = blocking<T>().nr;
-  const KBlocks kb = k_blocks<T>(k);
+const T* packed_b_panel(CpuIsa isa, const T* packed, int64_t k, int64_t n, int64_t b, int64_t j) {
+  const int64_t nr = blocking<T>(isa).nr;
+  const KBlocks kb = k_blocks<T>(isa, k);
   return packed + kb.begin(b) * ((n + nr - 1) / nr * nr) + (j / nr) * kb.len(b, k) * nr;
 }
 
 template <typename T, typename Src>
-void pack_b(Mat<Src> b, int64_t k, int64_t n, int64_t s0, int64_t s1, T* packed) {
-  const int64_t NR = blocking<T>().nr, npad = (n + NR - 1) / NR * NR;
-  const KBlocks kb = k_blocks<T>(k);
+void pack_b(CpuIsa isa, Mat<Src> b, int64_t k, int64_t n, int64_t s0, int64_t s1, T* packed) {
+  const int64_t NR = blocking<T>(isa).nr, npad = (n + NR - 1) / NR * NR;
+  const KBlocks kb = k_blocks<T>(isa, k);
   for (int64_t blk = 0; blk < kb.count; ++blk) {
     const int64_t k0 = kb.begin(blk), kc = kb.len(blk, k);
     T* dst = packed + k0 * npad;  // strip s of this block: dst + s*kc*NR, (kc, NR)
@@ -308,7 +297,7 @@ void pack_b(Mat<Src> b, int64_t k, int64_t n, int64_t s0, int64_t s1, T* packed)
         for (int64_t s = s0; s < s1; ++s) {
           T* d = dst + (s * kc + kk) * NR;
           const int64_t nr = std::min(NR, n - s * NR);
-          convert(row + s * NR, nr, d);
+          convert(isa, row + s * NR, nr, d);
           for (int64_t q = nr; q < NR; ++q) d[q] = T(0);
         }
       }
@@ -329,9 +318,9 @@ void pack_b(Mat<Src> b, int64_t k, int64_t n, int64_t s0, int64_t s1, T* packed)
 }
 
 template <typename T, typename Src>
-void gemm_block(int64_t m, int64_t n, int64_t kc, Mat<Src> a, const T* b_panel, T* c, int64_t ldc,
-                bool accumulate) {
-  const Impl<T, Src>& im = impl<T, Src>();
+void gemm_block(CpuIsa isa, int64_t m, int64_t n, int64_t kc, Mat<Src> a, const T* b_panel, T* c,
+                int64_t ldc, bool accumulate) {
+  const Impl<T, Src>& im = impl<T, Src>(isa);
   const int64_t MR = im.blk.mr, NR = im.blk.nr;
   alignas(64) T apack[kMaxApackBytes / sizeof(T)];  // (kc, MR): this strip of A, k-major
   alignas(64) T tile[kMaxTileBytes / sizeof(T)];    // (MR, NR): an edge tile of C
@@ -375,13 +364,13 @@ void gemm_block(int64_t m, int64_t n, int64_t kc, Mat<Src> a, const T* b_panel, 
 
 // Instantiations: float GEMMs read float, bfloat16 or float16 sources; double GEMMs double.
 #define JAXDNN_GEMM_TYPE(T)                                                        \
-  template const Blocking& blocking<T>();                                          \
-  template KBlocks k_blocks<T>(int64_t);                                           \
-  template int64_t packed_b_elems<T>(int64_t, int64_t);                            \
-  template const T* packed_b_panel<T>(const T*, int64_t, int64_t, int64_t, int64_t);
-#define JAXDNN_GEMM_SRC(T, Src)                                                          \
-  template void pack_b<T, Src>(Mat<Src>, int64_t, int64_t, int64_t, int64_t, T*);       \
-  template void gemm_block<T, Src>(int64_t, int64_t, int64_t, Mat<Src>, const T*, T*, \
+  template const Blocking& blocking<T>(CpuIsa);                                    \
+  template KBlocks k_blocks<T>(CpuIsa, int64_t);                                   \
+  template int64_t packed_b_elems<T>(CpuIsa, int64_t, int64_t);                    \
+  template const T* packed_b_panel<T>(CpuIsa, const T*, int64_t, int64_t, int64_t, int64_t);
+#define JAXDNN_GEMM_SRC(T, Src)                                                                \
+  template void pack_b<T, Src>(CpuIsa, Mat<Src>, int64_t, int64_t, int64_t, int64_t, T*);    \
+  template void gemm_block<T, Src>(CpuIsa, int64_t, int64_t, int64_t, Mat<Src>, const T*, T*, \
                                    int64_t, bool);
 JAXDNN_GEMM_TYPE(float)
 JAXDNN_GEMM_TYPE(double)

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cc/common/cpu_isa.h"
 #include "cc/common/dtype.h"
 #include "cc/common/status.h"
 
@@ -146,8 +147,8 @@ struct ResultRows {
 };
 
 // A kernel variant: the choices an algorithm otherwise makes itself from the problem and the
-// GPU, each left to it (kAuto) or pinned by an option of the algorithm's name (variant.h has
-// the grammar, e.g. "implicit_precomp_gemm.wgmma.table.tma_b.128x128.ws").
+// GPU or CPU, each left to it (kAuto) or pinned by an option of the algorithm's name (variant.h
+// has the grammar, e.g. "implicit_precomp_gemm.wgmma.table.tma_b.128x128.ws", "im2col_gemm.avx2").
 enum class Pin : int8_t { kAuto = 0, kOn = 1, kOff = 2 };
 struct Variant {
   Pin wgmma = Pin::kAuto;       // wgmma | mma_sync: Hopper's warpgroup MMA or sm_80's mma.sync
@@ -157,6 +158,7 @@ struct Variant {
   Pin class_rows = Pin::kAuto;  // class_rows | scatter: strided bwd_data classes' stores
   Pin halo = Pin::kAuto;        // halo | no_halo: the halo kernels of implicit_gemm*
   int tile_n = 0;               // 128x64 | 128x128 | 128x256 (0: by the problem)
+  CpuIsa isa = CpuIsa::kAuto;   // generic | avx2 | avx512: the CPU GEMM's instruction set
 };
 
 // A problem plus its dtypes: what an algorithm's supports() and workspace_bytes() look at.

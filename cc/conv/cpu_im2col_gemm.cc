@@ -20,6 +20,9 @@
 //                            (chosen from the problem alone) write partial dw that are added
 //                            in slice order at the end.
 // 16-bit outputs are accumulated in float and rounded once at the end.
+// Variants (cc/conv/variant.h): the GEMM's instruction set, im2col_gemm.avx512 | .avx2 | .generic
+// (by default the best this CPU supports); it sets the microkernel, the blocking, the A packing
+// and the 16-bit conversions of the whole call. Each variant is deterministic on its own.
 // Traffic: x (or dy) is read once per column panel of the GEMM (once when Kg, resp. F*Cg,
 // fits one 512-wide panel) plus one im2col copy that stays in L2; w is read and packed once;
 // y is written once (bwd_data: dx is read-modify-written once per tap that reaches it, in L2).
@@ -131,10 +134,10 @@ bool mergeable(const Problem& p, int64_t pitch) {
 }
 
 // Columns [j0, j1) of rows [m0, m0 + rows) of col_g into dst (rows, j1 - j0), pitch ld,
-// converted to T.
+// converted to T with the conversions of isa.
 template <typename In, typename T>
-void im2col(const Problem& p, const In* x, int64_t g, int64_t m0, int64_t rows, int64_t j0,
-            int64_t j1, T* dst, int64_t ld) {
+void im2col(CpuIsa isa, const Problem& p, const In* x, int64_t g, int64_t m0, int64_t rows,
+            int64_t j0, int64_t j1, T* dst, int64_t ld) {
   const In* xg = x + g * p.Cg();
   for_each_run(p, m0, rows, j0, j1, mergeable(p, p.C),
                [&](int64_t row, int64_t j, int64_t len, int64_t pos, int64_t c0) {
@@ -143,7 +146,7 @@ void im2col(const Problem& p, const In* x, int64_t g, int64_t m0, int64_t rows, 
                    std::fill(d, d + len, T(0));
                    return;
                  }
-                 gemm::convert(xg + pos * p.C + c0, len, d);
+                 gemm::convert(isa, xg + pos * p.C + c0, len, d);
                });
 }
 
@@ -223,13 +226,14 @@ int64_t workers_for(int64_t tasks, int num_threads) {
 // Packs B_g (k, n) for every group g (B_g = b shifted by g*b_step) into G consecutive packed
 // matrices, one n-strip per parallel task.
 template <typename T, typename In>
-void pack_groups(const Parallel& par, int64_t G, Mat<In> b, int64_t b_step, int64_t k, int64_t n,
-                 T* packed) {
-  const int64_t strips = gemm::b_strips(n, gemm::blocking<T>());
-  const int64_t size = gemm::packed_b_elems<T>(k, n);
+void pack_groups(CpuIsa isa, const Parallel& par, int64_t G, Mat<In> b, int64_t b_step, int64_t k,
+                 int64_t n, T* packed) {
+  const int64_t strips = gemm::b_strips(n, gemm::blocking<T>(isa));
+  const int64_t size = gemm::packed_b_elems<T>(isa, k, n);
   par.for_each(G * strips, [&](int64_t i) {
     const int64_t g = i / strips, s = i % strips;
-    gemm::pack_b<T, In>({b.data + g * b_step, b.rs, b.cs}, k, n, s, s + 1, packed + g * size);
+    gemm::pack_b<T, In>(isa, {b.data + g * b_step, b.rs, b.cs}, k, n, s, s + 1,
+                        packed + g * size);
   });
 }
 
@@ -249,39 +253,40 @@ struct RowGemm {
 };
 
 template <typename T>
-int64_t row_chunk(int64_t M, int64_t G, int num_threads) {
-  const int64_t mr = gemm::blocking<T>().mr;
+int64_t row_chunk(CpuIsa isa, int64_t M, int64_t G, int num_threads) {
+  const int64_t mr = gemm::blocking<T>(isa).mr;
   const int64_t per_group = ceil_div(4 * int64_t(num_threads), G);  // about 4 tasks a thread
   return std::clamp(round_up(ceil_div(M, per_group), mr), mr, kMaxChunkRows);
 }
 
 template <typename T, typename In>
-Layout row_gemm_layout(const RowGemm<In>& rg, bool out_is_acc, int num_threads) {
-  const int64_t rows = row_chunk<T>(rg.M, rg.G, num_threads);
+Layout row_gemm_layout(CpuIsa isa, const RowGemm<In>& rg, bool out_is_acc, int num_threads) {
+  const int64_t rows = row_chunk<T>(isa, rg.M, rg.G, num_threads);
   Layout l;
   l.workers = workers_for(rg.G * ceil_div(rg.M, rows), num_threads);
-  l.shared = aligned(rg.G * gemm::packed_b_elems<T>(rg.k, rg.n) * int64_t(sizeof(T)));
-  if (rg.im2col) l.scratch += aligned(rows * gemm::blocking<T>().kc_max * int64_t(sizeof(T)));
+  l.shared = aligned(rg.G * gemm::packed_b_elems<T>(isa, rg.k, rg.n) * int64_t(sizeof(T)));
+  if (rg.im2col) l.scratch += aligned(rows * gemm::blocking<T>(isa).kc_max * int64_t(sizeof(T)));
   if (!out_is_acc) l.scratch += aligned(rows * rg.n * int64_t(sizeof(T)));
   return l;
 }
 
 template <typename In, typename Out>
-Status row_gemm(const Problem& p, const RowGemm<In>& rg, Out* out, int64_t ldo,
+Status row_gemm(CpuIsa isa, const Problem& p, const RowGemm<In>& rg, Out* out, int64_t ldo,
                 const Parallel& par) {
   using T = Acc<In>;
   constexpr bool kDirect = std::is_same_v<T, Out>;
-  const Workspace ws(row_gemm_layout<T>(rg, kDirect, par.num_threads()));
+  const Workspace ws(row_gemm_layout<T>(isa, rg, kDirect, par.num_threads()));
   if (ws.mem == nullptr) return out_of_memory(ws.layout);
   T* packed = ws.shared<T>();
-  const int64_t psize = gemm::packed_b_elems<T>(rg.k, rg.n);
-  pack_groups(par, rg.G, rg.b, rg.b_step, rg.k, rg.n, packed);
-  const int64_t rows = row_chunk<T>(rg.M, rg.G, par.num_threads()), chunks = ceil_div(rg.M, rows);
+  const int64_t psize = gemm::packed_b_elems<T>(isa, rg.k, rg.n);
+  pack_groups(isa, par, rg.G, rg.b, rg.b_step, rg.k, rg.n, packed);
+  const int64_t rows = row_chunk<T>(isa, rg.M, rg.G, par.num_threads());
+  const int64_t chunks = ceil_div(rg.M, rows);
   run_tasks(par, ws, rg.G * chunks, [&](int64_t task, char* scratch) {
     // Groups vary fastest, so consecutive tasks read the same lines of x.
     const int64_t g = task % rg.G, m0 = task / rg.G * rows, mc = std::min(rows, rg.M - m0);
     Carver carve{scratch};
-    T* col = rg.im2col ? carve.take<T>(rows * gemm::blocking<T>().kc_max) : nullptr;
+    T* col = rg.im2col ? carve.take<T>(rows * gemm::blocking<T>(isa).kc_max) : nullptr;
     T* c;
     int64_t ldc;
     if constexpr (kDirect) {
@@ -292,14 +297,15 @@ Status row_gemm(const Problem& p, const RowGemm<In>& rg, Out* out, int64_t ldo,
     const T* pb = packed + g * psize;
     if (!rg.im2col) {
       const Mat<In> a = gemm::row_major(rg.a + m0 * rg.lda + g * rg.k, rg.lda);
-      gemm::gemm_packed<T, In>(mc, rg.n, rg.k, [&](int64_t k0, int64_t) { return a.sub(0, k0); },
-                               pb, c, ldc, false);
+      gemm::gemm_packed<T, In>(isa, mc, rg.n, rg.k,
+                               [&](int64_t k0, int64_t) { return a.sub(0, k0); }, pb, c, ldc,
+                               false);
     } else {
       auto block = [&](int64_t k0, int64_t kc) {
-        im2col(p, rg.a, g, m0, mc, k0, k0 + kc, col, kc);
+        im2col(isa, p, rg.a, g, m0, mc, k0, k0 + kc, col, kc);
         return gemm::row_major<T>(col, kc);
       };
-      gemm::gemm_packed<T, T>(mc, rg.n, rg.k, block, pb, c, ldc, false);
+      gemm::gemm_packed<T, T>(isa, mc, rg.n, rg.k, block, pb, c, ldc, false);
     }
     if constexpr (!kDirect) store_rows(c, ldc, mc, rg.n, out + m0 * ldo + g * rg.n, ldo);
   });
@@ -338,31 +344,33 @@ ImageBlocks image_blocks(const Problem& p, int num_threads) {
 }
 
 template <typename T>
-Layout data_layout(const Problem& p, bool out_is_acc, int num_threads) {
+Layout data_layout(CpuIsa isa, const Problem& p, bool out_is_acc, int num_threads) {
   const int64_t Kdim = p.filt_spatial() * p.Cg();
   const ImageBlocks ib = image_blocks(p, num_threads);
   Layout l;
   l.workers = workers_for(ib.count * p.G, num_threads);
-  l.shared = aligned(p.G * gemm::packed_b_elems<T>(p.Kg(), Kdim) * int64_t(sizeof(T)));
-  l.scratch = aligned(kMaxChunkRows * std::min(Kdim, gemm::blocking<T>().nc) * int64_t(sizeof(T)));
+  l.shared = aligned(p.G * gemm::packed_b_elems<T>(isa, p.Kg(), Kdim) * int64_t(sizeof(T)));
+  l.scratch =
+      aligned(kMaxChunkRows * std::min(Kdim, gemm::blocking<T>(isa).nc) * int64_t(sizeof(T)));
   if (!out_is_acc) l.scratch += aligned(ib.images * p.in_spatial() * p.Cg() * int64_t(sizeof(T)));
   return l;
 }
 
 template <typename In, typename Out>
-Status bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Parallel& par) {
+Status bwd_data(CpuIsa isa, const Problem& p, const In* dy, const In* w, Out* dx,
+                const Parallel& par) {
   using T = Acc<In>;
-  if (pointwise(p)) return row_gemm(p, pointwise_data_gemm(p, dy, w), dx, p.C, par);
+  if (pointwise(p)) return row_gemm(isa, p, pointwise_data_gemm(p, dy, w), dx, p.C, par);
   constexpr bool kDirect = std::is_same_v<T, Out>;  // accumulate straight into dx
   const int64_t Kdim = p.filt_spatial() * p.Cg(), Kg = p.Kg(), Cg = p.Cg();
   const int64_t ZPQ = p.out_spatial(), inS = p.in_spatial();
-  const int64_t nc_max = gemm::blocking<T>().nc;
+  const int64_t nc_max = gemm::blocking<T>(isa).nc;
   const ImageBlocks ib = image_blocks(p, par.num_threads());
-  const Workspace ws(data_layout<T>(p, kDirect, par.num_threads()));
+  const Workspace ws(data_layout<T>(isa, p, kDirect, par.num_threads()));
   if (ws.mem == nullptr) return out_of_memory(ws.layout);
   T* packed = ws.shared<T>();
-  const int64_t psize = gemm::packed_b_elems<T>(Kg, Kdim);
-  pack_groups(par, p.G, gemm::transposed(w, p.K), Kg, Kg, Kdim, packed);
+  const int64_t psize = gemm::packed_b_elems<T>(isa, Kg, Kdim);
+  pack_groups(isa, par, p.G, gemm::transposed(w, p.K), Kg, Kg, Kdim, packed);
   run_tasks(par, ws, ib.count * p.G, [&](int64_t task, char* scratch) {
     const int64_t g = task % p.G, n0 = task / p.G * ib.images, n1 = std::min(p.N, n0 + ib.images);
     Carver carve{scratch};
@@ -381,7 +389,7 @@ Status bwd_data(const Problem& p, const In* dy, const In* w, Out* dx, const Para
       const Mat<In> a = gemm::row_major(dy + m * p.K + g * Kg, p.K);  // (next - m, Kg)
       for (int64_t j0 = 0; j0 < Kdim; j0 += nc_max) {
         const int64_t nc = std::min(nc_max, Kdim - j0);
-        gemm::gemm_panel<T, In>(next - m, Kdim, Kg, j0, nc,
+        gemm::gemm_panel<T, In>(isa, next - m, Kdim, Kg, j0, nc,
                                 [&](int64_t k0, int64_t) { return a.sub(0, k0); },
                                 packed + g * psize, dcol, nc, false);
         col2im(p, dcol, nc, m, next - m, j0, j0 + nc, acc, n0 * inS, ld_acc);
@@ -417,10 +425,10 @@ struct FilterPlan {
 // columns (cost ~ 1/cols), so tiles start as large as the blocking allows and the larger side
 // is halved until there are about two tasks per thread.
 template <typename T>
-FilterPlan filter_plan(const Problem& p, int num_threads) {
-  const gemm::Blocking& blk = gemm::blocking<T>();
+FilterPlan filter_plan(CpuIsa isa, const Problem& p, int num_threads) {
+  const gemm::Blocking& blk = gemm::blocking<T>(isa);
   const int64_t Fc = p.filt_spatial() * p.Cg(), Kg = p.Kg();
-  const int64_t blocks = gemm::k_blocks<T>(p.N * p.out_spatial()).count;
+  const int64_t blocks = gemm::k_blocks<T>(isa, p.N * p.out_spatial()).count;
   const int64_t dw_bytes = std::max<int64_t>(1, p.w_elems() * int64_t(sizeof(T)));
   FilterPlan f;
   f.slices = std::clamp(std::min(blocks / kMinSliceBlocks, kPartialBytes / dw_bytes), int64_t(1),
@@ -443,29 +451,30 @@ FilterPlan filter_plan(const Problem& p, int num_threads) {
 }
 
 template <typename T>
-Layout filter_layout(const Problem& p, bool out_is_acc, int num_threads) {
-  const FilterPlan f = filter_plan<T>(p, num_threads);
-  const int64_t kc = gemm::blocking<T>().kc_max;
+Layout filter_layout(CpuIsa isa, const Problem& p, bool out_is_acc, int num_threads) {
+  const FilterPlan f = filter_plan<T>(isa, p, num_threads);
+  const int64_t kc = gemm::blocking<T>(isa).kc_max;
   Layout l;
   l.workers = workers_for(f.tasks(p), num_threads);
   if (f.slices > 1) l.shared = aligned(f.slices * p.w_elems() * int64_t(sizeof(T)));
-  l.scratch = aligned(gemm::packed_b_elems<T>(kc, f.cols) * int64_t(sizeof(T)));
+  l.scratch = aligned(gemm::packed_b_elems<T>(isa, kc, f.cols) * int64_t(sizeof(T)));
   if (!pointwise(p)) l.scratch += aligned(kc * f.rows * int64_t(sizeof(T)));
   if (f.slices == 1 && !out_is_acc) l.scratch += aligned(f.rows * f.cols * int64_t(sizeof(T)));
   return l;
 }
 
 template <typename In, typename Out>
-Status bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Parallel& par) {
+Status bwd_filter(CpuIsa isa, const Problem& p, const In* x, const In* dy, Out* dw,
+                  const Parallel& par) {
   using T = Acc<In>;
   constexpr bool kDirect = std::is_same_v<T, Out>;
-  const FilterPlan f = filter_plan<T>(p, par.num_threads());
-  const Workspace ws(filter_layout<T>(p, kDirect, par.num_threads()));
+  const FilterPlan f = filter_plan<T>(isa, p, par.num_threads());
+  const Workspace ws(filter_layout<T>(isa, p, kDirect, par.num_threads()));
   if (ws.mem == nullptr) return out_of_memory(ws.layout);
   const int64_t M = p.N * p.out_spatial(), Fc = p.filt_spatial() * p.Cg(), Kg = p.Kg();
   const bool pw = pointwise(p);
-  const gemm::KBlocks kb = gemm::k_blocks<T>(M);
-  const int64_t kc_max = gemm::blocking<T>().kc_max, NR = gemm::blocking<T>().nr;
+  const gemm::KBlocks kb = gemm::k_blocks<T>(isa, M);
+  const int64_t kc_max = gemm::blocking<T>(isa).kc_max, NR = gemm::blocking<T>(isa).nr;
   T* partial = f.slices > 1 ? ws.shared<T>() : nullptr;  // (S, F*Cg, K)
   run_tasks(par, ws, f.tasks(p), [&](int64_t task, char* scratch) {
     // Groups vary fastest, so consecutive tasks read the same lines of x and dy.
@@ -476,7 +485,7 @@ Status bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Pa
     const int64_t rb = std::min(f.rows, Fc - i0), cb = std::min(f.cols, Kg - j0);
     const int64_t b0 = s * kb.count / f.slices, b1 = (s + 1) * kb.count / f.slices;
     Carver carve{scratch};
-    T* packed = carve.take<T>(gemm::packed_b_elems<T>(kc_max, f.cols));
+    T* packed = carve.take<T>(gemm::packed_b_elems<T>(isa, kc_max, f.cols));
     T* col = pw ? nullptr : carve.take<T>(kc_max * f.rows);
     T* c;
     int64_t ldc = p.K;
@@ -490,13 +499,14 @@ Status bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Pa
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t m0 = kb.begin(b), kc = kb.len(b, M);
       const In* dyb = dy + m0 * p.K + g * Kg + j0;  // (kc, cb), pitch K
-      gemm::pack_b<T, In>(gemm::row_major(dyb, p.K), kc, cb, 0, ceil_div(cb, NR), packed);
+      gemm::pack_b<T, In>(isa, gemm::row_major(dyb, p.K), kc, cb, 0, ceil_div(cb, NR), packed);
       if (pw) {
         const Mat<In> a = gemm::transposed(x + m0 * p.C + g * p.Cg() + i0, p.C);  // (rb, kc)
-        gemm::gemm_block<T, In>(rb, cb, kc, a, packed, c, ldc, b > b0);
+        gemm::gemm_block<T, In>(isa, rb, cb, kc, a, packed, c, ldc, b > b0);
       } else {
-        im2col(p, x, g, m0, kc, i0, i0 + rb, col, rb);  // (kc, rb)
-        gemm::gemm_block<T, T>(rb, cb, kc, gemm::transposed<T>(col, rb), packed, c, ldc, b > b0);
+        im2col(isa, p, x, g, m0, kc, i0, i0 + rb, col, rb);  // (kc, rb)
+        gemm::gemm_block<T, T>(isa, rb, cb, kc, gemm::transposed<T>(col, rb), packed, c, ldc,
+                               b > b0);
       }
     }
     if (b0 == b1)
@@ -523,38 +533,52 @@ Status bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Pa
 // Registry entry
 // ---------------------------------------------------------------------------------------------
 
+// The instruction set the GEMM of a call runs: the one its name pins (avx512, avx2, generic),
+// else the best this CPU supports.
+CpuIsa isa_of(const Args& a) {
+  return a.variant.isa == CpuIsa::kAuto ? gemm::best_isa() : a.variant.isa;
+}
+
 Support supports(const Args& a) {
   if (!dispatch_io(a.in, a.out, [](auto, auto) {}))
     return Support::No(std::string("unsupported dtypes ") + dtype_name(a.in) + " -> " +
                        dtype_name(a.out));
+  if (isa_of(a) > gemm::best_isa())
+    return Support::No(std::string("this CPU lacks ") + gemm::isa_requirements(isa_of(a)) +
+                       ", which option '" + isa_name(isa_of(a)) + "' needs");
   return Support::Yes();
 }
 
+// The options of the variant that runs `a` (variant.h): the GEMM's instruction set.
+std::string resolve(const Args& a) { return std::string(".") + isa_name(isa_of(a)); }
+
 template <typename T>
-int64_t workspace_for(const Args& a, int num_threads) {
+int64_t workspace_for(CpuIsa isa, const Args& a, int num_threads) {
   const bool out_is_acc = a.out == (std::is_same_v<T, double> ? DType::kF64 : DType::kF32);
   const Problem& p = a.p;
   switch (a.dir) {
     case Direction::kFwd:
-      return row_gemm_layout<T>(fwd_gemm<T>(p, nullptr, nullptr), out_is_acc, num_threads).bytes();
+      return row_gemm_layout<T>(isa, fwd_gemm<T>(p, nullptr, nullptr), out_is_acc, num_threads)
+          .bytes();
     case Direction::kBwdData:
       if (pointwise(p))
-        return row_gemm_layout<T>(pointwise_data_gemm<T>(p, nullptr, nullptr), out_is_acc,
+        return row_gemm_layout<T>(isa, pointwise_data_gemm<T>(p, nullptr, nullptr), out_is_acc,
                                   num_threads).bytes();
-      return data_layout<T>(p, out_is_acc, num_threads).bytes();
+      return data_layout<T>(isa, p, out_is_acc, num_threads).bytes();
     case Direction::kBwdFilter:
-      return filter_layout<T>(p, out_is_acc, num_threads).bytes();
+      return filter_layout<T>(isa, p, out_is_acc, num_threads).bytes();
   }
   return 0;
 }
 
 int64_t workspace_bytes(const Args& a, int num_threads) {
-  return a.in == DType::kF64 ? workspace_for<double>(a, num_threads)
-                             : workspace_for<float>(a, num_threads);
+  return a.in == DType::kF64 ? workspace_for<double>(isa_of(a), a, num_threads)
+                             : workspace_for<float>(isa_of(a), a, num_threads);
 }
 
 Status run(const Args& a, const Buffers& b, const Parallel& par) {
   const Problem& p = a.p;
+  const CpuIsa isa = isa_of(a);
   Status status = Status::Error(std::string("conv im2col_gemm: unsupported dtypes ") +
                                 dtype_name(a.in) + " -> " + dtype_name(a.out));
   dispatch_io(a.in, a.out, [&](auto in_tag, auto out_tag) {
@@ -565,9 +589,9 @@ Status run(const Args& a, const Buffers& b, const Parallel& par) {
     const In* y = static_cast<const In*>(b.y);
     Out* result = static_cast<Out*>(b.result);
     switch (a.dir) {
-      case Direction::kFwd: status = row_gemm(p, fwd_gemm(p, x, w), result, p.K, par); break;
-      case Direction::kBwdData: status = bwd_data(p, y, w, result, par); break;
-      case Direction::kBwdFilter: status = bwd_filter(p, x, y, result, par); break;
+      case Direction::kFwd: status = row_gemm(isa, p, fwd_gemm(p, x, w), result, p.K, par); break;
+      case Direction::kBwdData: status = bwd_data(isa, p, y, w, result, par); break;
+      case Direction::kBwdFilter: status = bwd_filter(isa, p, x, y, result, par); break;
     }
   });
   return status;
@@ -576,6 +600,6 @@ Status run(const Args& a, const Buffers& b, const Parallel& par) {
 }  // namespace
 
 const CpuAlgorithm kCpuIm2colGemm = {"im2col_gemm", /*deterministic=*/true, supports,
-                                     workspace_bytes, run};
+                                     workspace_bytes, run, "avx512 avx2 generic", resolve};
 
 }  // namespace jaxdnn::conv

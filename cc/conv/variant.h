@@ -2,15 +2,16 @@
 //
 // Grammar:  name := base ("." option)*
 //   e.g. "implicit_precomp_gemm", "implicit_precomp_gemm.mma_sync",
-//        "implicit_precomp_gemm.wgmma.im2col_tma.tma_b.128x128.ws"
+//        "implicit_precomp_gemm.wgmma.im2col_tma.tma_b.128x128.ws", "im2col_gemm.avx2"
 // Each option pins one field of Variant (conv.h); an algorithm takes the options it lists in
 // Algo::options. Its resolve(args) gives, with the pins of args.variant and the auto choices
-// made for this problem and GPU, every option of the variant that runs: the concrete name,
+// made for this problem and GPU or CPU, every option of the variant that runs: the concrete name,
 // base + resolve(args), pins all of them, so it names exactly the kernels that run. explain
 // shows it, find times it, the tuning cache stores it, and the custom call carries it.
 // A name runs a problem only if each of its options appears in its concrete name: an option
 // that cannot apply (wgmma off Hopper, 128x256 tiles without 256 columns) makes the name
-// unsupported, with the concrete name in the reason.
+// unsupported, with the concrete name in the reason; so does one the hardware lacks (avx512 on
+// a CPU without AVX-512), through the algorithm's supports().
 #pragma once
 
 #include <string>
@@ -21,11 +22,13 @@
 
 namespace jaxdnn::conv {
 
+// An option sets one field of Variant: a Pin (pin, value), else tile_n (tile_n != 0), else isa.
 struct OptionSpec {
   const char* token;
-  Pin Variant::*pin;  // nullptr: a tile option
+  Pin Variant::*pin;
   Pin value;
   int tile_n;
+  CpuIsa isa = CpuIsa::kAuto;
 };
 
 inline constexpr OptionSpec kOptionSpecs[] = {
@@ -37,6 +40,9 @@ inline constexpr OptionSpec kOptionSpecs[] = {
     {"no_ws", &Variant::ws, Pin::kOff, 0},           {"class_rows", &Variant::class_rows, Pin::kOn, 0},
     {"scatter", &Variant::class_rows, Pin::kOff, 0}, {"halo", &Variant::halo, Pin::kOn, 0},
     {"no_halo", &Variant::halo, Pin::kOff, 0},
+    {"generic", nullptr, Pin::kAuto, 0, CpuIsa::kGeneric},
+    {"avx2", nullptr, Pin::kAuto, 0, CpuIsa::kAvx2},
+    {"avx512", nullptr, Pin::kAuto, 0, CpuIsa::kAvx512},
 };
 
 // The words of `text` separated by `sep`.
@@ -58,12 +64,20 @@ inline bool contains_word(std::string_view text, char sep, std::string_view word
 }
 
 inline bool is_pinned(const Variant& v, const OptionSpec& o) {
-  return o.pin == nullptr ? v.tile_n == o.tile_n : v.*o.pin == o.value;
+  if (o.pin != nullptr) return v.*o.pin == o.value;
+  return o.tile_n != 0 ? v.tile_n == o.tile_n : v.isa == o.isa;
+}
+
+// Whether the field that option o sets is pinned in v (to o or to another option).
+inline bool is_set(const Variant& v, const OptionSpec& o) {
+  if (o.pin != nullptr) return v.*o.pin != Pin::kAuto;
+  return o.tile_n != 0 ? v.tile_n != 0 : v.isa != CpuIsa::kAuto;
 }
 
 inline void pin(Variant* v, const OptionSpec& o) {
-  if (o.pin == nullptr) v->tile_n = o.tile_n;
-  else v->*o.pin = o.value;
+  if (o.pin != nullptr) v->*o.pin = o.value;
+  else if (o.tile_n != 0) v->tile_n = o.tile_n;
+  else v->isa = o.isa;
 }
 
 inline const OptionSpec* find_option(std::string_view token) {
@@ -95,8 +109,7 @@ const Algo* find_algorithm(const std::vector<const Algo*>& all, std::string_view
                (alg->options[0] ? alg->options : "none") + ")";
       return nullptr;
     }
-    const bool set = o->pin == nullptr ? variant->tile_n != 0 : variant->*o->pin != Pin::kAuto;
-    if (set && !is_pinned(*variant, *o)) {
+    if (is_set(*variant, *o) && !is_pinned(*variant, *o)) {
       *error = "'" + std::string(name) + "' pins option '" + std::string(parts[i]) +
                "' against an earlier one";
       return nullptr;
