@@ -524,6 +524,7 @@ Status bwd_filter(const Problem& p, const In* x, const In* dy, Out* dw, const Pa
 // ---------------------------------------------------------------------------------------------
 
 Support supports(const Args& a) {
+  if (Support s = float_inputs(a); !s.ok) return s;
   if (!dispatch_io(a.in, a.out, [](auto, auto) {}))
     return Support::No(std::string("unsupported dtypes ") + dtype_name(a.in) + " -> " +
                        dtype_name(a.out));
