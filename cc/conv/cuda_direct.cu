@@ -9,8 +9,9 @@
 //              reduction, then add their partial sums in a fixed order through shared memory.
 // Accumulation in float (double for float64); integer inputs (int8 -> int8 or int32, int32,
 // int64) sum exactly in the wrapping unsigned accumulator of dtype.h's IntAcc, as XLA does, and
-// run here alone among the GPU algorithms (no int8 tensor-core path yet). Cost: N*Z*P*Q*K*T*R*S*Cg multiply-adds, no
-// reuse through shared memory: correct first, fast elsewhere. fwd and bwd_filter multiply the
+// run here alone among the GPU algorithms (there is no int8 tensor-core path). Cost:
+// N*Z*P*Q*K*T*R*S*Cg multiply-adds, no reuse through shared memory: correct first, fast
+// elsewhere. fwd and bwd_filter multiply the
 // zero that a tap reads on padding (conv.h), so 0 * inf = NaN there.
 
 #include <type_traits>
