@@ -3,8 +3,8 @@ numpy int64 reference, on the CPU and the GPU.
 
 lax's rules, matched here: both operands of one integer dtype; the result is the input dtype,
 or an integer `preferred_element_type` at least as wide (signed for signed inputs; int64
-becomes int32 without jax_enable_x64), holding the exact sum modulo 2^bits (two's complement wrap), or
-a float dtype, to which lax converts the operands. Integer inputs have float0 tangents and
+becomes int32 without jax_enable_x64), holding the exact sum modulo 2^bits (two's complement
+wrap), or a float dtype, to which lax converts the operands. Integer inputs have float0 tangents and
 cotangents. Only the direct algorithms run integer problems; every other one says why.
 """
 
@@ -150,8 +150,9 @@ def test_int8_products_and_sums_overflow(platform):
     y = jaxdnn.conv(*on(platform, x, w), preferred_element_type=jnp.int32)
     want = np.int64(c * 16384).astype(np.int32)  # 2293760000 wraps to -2001207296
     assert int(y[0, 0, 0, 0]) == int(want) == -2001207296
-    assert int(y[0, 0, 0, 0]) == int(lax.conv_general_dilated(
-        x, w, (1, 1), "VALID", dimension_numbers=NHWC, preferred_element_type=jnp.int32)[0, 0, 0, 0])
+    lax_y = lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=NHWC,
+                                     preferred_element_type=jnp.int32)
+    assert int(y[0, 0, 0, 0]) == int(lax_y[0, 0, 0, 0])
     y8 = jaxdnn.conv(*on(platform, x[..., :3], w[..., :3, :]))  # 3 * 16384 = 49152: low byte 0
     assert y8.dtype == jnp.int8 and int(y8[0, 0, 0, 0]) == 0
 
@@ -172,10 +173,8 @@ def test_other_integer_dtypes(dtype, preferred, platform):
                                     preferred_element_type=preferred)
     out = np.dtype(preferred or dtype)
     assert y.dtype == out
-    # Exact modulo 2^64 in int64 (uint64 values reinterpreted), so modulo 2^bits of `out`.
-    want = _ref(x.astype(np.int64) if dtype != np.uint64 else x.view(np.int64), w.astype(np.int64)
-                if dtype != np.uint64 else w.view(np.int64),
-                **_ref_kw(kw, x.shape, w.shape)).astype(out)
+    # Exact modulo 2^64 in int64 (numpy's casts wrap uint64), so modulo 2^bits of `out`.
+    want = _ref(x, w, **_ref_kw(kw, x.shape, w.shape)).astype(out)
     np.testing.assert_array_equal(np.asarray(y), want)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(lax.conv_general_dilated(
         x, w, **kw, dimension_numbers=NHWC, preferred_element_type=preferred)))
