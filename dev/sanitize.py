@@ -8,7 +8,8 @@ the references, segfaulted after 24 tests on the H200; this script runs only jax
 families: activation softmax norm norm_fused pool conv (default: all); conv=NAME,NAME runs
 only those problems of the conv grid. Each op runs forward and backward (norm_fused: forward)
 (jax.vjp with a random cotangent) in float32 and bfloat16; conv runs every supported CUDA
-algorithm in every direction on a reduced grid. Results are only checked for finiteness: the
+algorithm in every direction on a reduced grid, and its integer problems (int8 -> int32, direct
+alone) in every direction. Results are only checked for finiteness: the
 point is the sanitizer's report (the test suite checks the values).
 JAXDNN_SANITIZE_DTYPES=bfloat16 keeps one dtype; JAXDNN_SANITIZE_ALGOS=NAME,NAME keeps those
 conv algorithms (racecheck is slow: aim it at the changed kernels); JAXDNN_SANITIZE_PLATFORM=cpu
@@ -17,6 +18,7 @@ runs the same calls on the CPU (a dry run of the script itself).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -194,6 +196,19 @@ def conv(names=""):
                         run = conv_sel._run_algorithm(info.name, p.direction, p.spec, p.out_dtype)
                         finite(f"conv {name} {p.direction} {info.name} {dt.__name__} "
                                f"{precision}", run(a, b))
+    for name, xs, ws, kw in grid:  # integer convolutions (int8 -> int32) in every direction
+        sds = [jax.ShapeDtypeStruct(s, jnp.int8) for s in (xs, ws)]
+        (fwd,) = jaxdnn.conv_problems(lambda x, w, kw=kw: jaxdnn.conv_general_dilated(
+            x, w, dimension_numbers=NHWC, preferred_element_type=jnp.int32, **kw), *sds)
+        for direction in conv_ops.DIRECTIONS:
+            p = dataclasses.replace(fwd, direction=direction)
+            a, b = (jax.device_put(RNG.integers(-128, 128, s, dtype=np.int8), GPU)
+                    for s in conv_ops._shapes(direction, p.spec)[:2])
+            for info in jaxdnn.conv_algorithms(p, "cuda" if PLATFORM == "gpu" else "cpu"):
+                if not info.supported or (ALGOS and info.base not in ALGOS):
+                    continue
+                run = conv_sel._run_algorithm(info.name, direction, p.spec, p.out_dtype)
+                finite(f"conv {name} {direction} {info.name} int8->int32", run(a, b))
 
 
 FAMILIES = {"activation": activation, "softmax": softmax, "norm": norm,

@@ -38,13 +38,15 @@ def check_nbytes(shape, dtype, what: str) -> None:
                          "can hold")
 
 
-def operand(value, name: str, api: str):
-    """A floating-point array argument of a jaxdnn op: converted, its dtype one of
-    SUPPORTED_DTYPES (TypeError) and its byte size within XLA's limit (ValueError)."""
+def operand(value, name: str, api: str, dtypes=SUPPORTED_DTYPES):
+    """An array argument of a jaxdnn op: converted, its dtype one of `dtypes` (TypeError;
+    default: the floating-point SUPPORTED_DTYPES) and its byte size within XLA's limit
+    (ValueError)."""
     x = as_array(value, name, api)
-    if np.dtype(x.dtype) not in SUPPORTED_DTYPES:
-        raise TypeError(f"{api}: `{name}` has dtype {x.dtype}; supported dtypes are float32, "
-                        "float64, float16 and bfloat16")
+    if np.dtype(x.dtype) not in dtypes:
+        names = [np.dtype(d).name for d in dtypes]
+        raise TypeError(f"{api}: `{name}` has dtype {x.dtype}; supported dtypes are "
+                        f"{', '.join(names[:-1])} and {names[-1]}")
     check_nbytes(x.shape, x.dtype, f"{api}: `{name}`")
     return x
 

@@ -374,10 +374,11 @@ def test_conv_bad_input(kwargs, shapes, exc, match):
 
 
 @pytest.mark.parametrize("dx, dw, match", [
-    (jnp.int32, jnp.int32, "`x` has dtype int32"),
+    (jnp.bool_, jnp.bool_, "`x` has dtype bool"),
     (jnp.complex64, jnp.complex64, "`x` has dtype complex64"),
     (jnp.float32, jnp.float16, "same dtype"),
-    (jnp.float32, jnp.int8, "`w` has dtype int8"),
+    (jnp.float32, jnp.int8, "same dtype"),
+    (jnp.float32, jnp.complex64, "`w` has dtype complex64"),
 ])
 def test_conv_bad_dtypes(dx, dw, match):
     with pytest.raises(TypeError, match=match):

@@ -2,7 +2,9 @@
 //
 // The kernel layer knows nothing about XLA: handlers map ffi::DataType onto DType. float16
 // and bfloat16 are stored as 16-bit patterns (bf16_t / f16_t) on the host; arithmetic always
-// happens in float (or double for float64) after load_acc().
+// happens in float (or double for float64) after load_acc(). The integer dtypes (int8, int32,
+// int64) serve integer convolutions only (conv's direct algorithms): dispatch_io leaves them
+// out, so no other kernel is instantiated for them; dispatch_int_io has their pairs.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +12,9 @@
 
 namespace jaxdnn {
 
-enum class DType : int { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3 };
+enum class DType : int { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3, kS8 = 4, kS32 = 5, kS64 = 6 };
+
+inline bool is_integer(DType t) { return t == DType::kS8 || t == DType::kS32 || t == DType::kS64; }
 
 inline const char* dtype_name(DType t) {
   switch (t) {
@@ -18,12 +22,21 @@ inline const char* dtype_name(DType t) {
     case DType::kF64: return "float64";
     case DType::kF16: return "float16";
     case DType::kBF16: return "bfloat16";
+    case DType::kS8: return "int8";
+    case DType::kS32: return "int32";
+    case DType::kS64: return "int64";
   }
   return "?";
 }
 
 inline int dtype_bytes(DType t) {
-  return t == DType::kF64 ? 8 : (t == DType::kF32 ? 4 : 2);
+  switch (t) {
+    case DType::kF64: case DType::kS64: return 8;
+    case DType::kF32: case DType::kS32: return 4;
+    case DType::kF16: case DType::kBF16: return 2;
+    case DType::kS8: return 1;
+  }
+  return 0;
 }
 
 struct bf16_t { uint16_t bits; };
@@ -101,10 +114,33 @@ bool dispatch_io(DType in, DType out, Fn&& fn) {
       case DType::kF64: fn(double{}, double{}); return true;
       case DType::kF16: fn(f16_t{}, f16_t{}); return true;
       case DType::kBF16: fn(bf16_t{}, bf16_t{}); return true;
+      default: break;  // integers: dispatch_int_io
     }
   }
   if (out == DType::kF32 && in == DType::kF16) { fn(f16_t{}, float{}); return true; }
   if (out == DType::kF32 && in == DType::kBF16) { fn(bf16_t{}, float{}); return true; }
+  return false;
+}
+
+// Integer convolutions sum in the unsigned type of their accumulator's width, int32 for int8
+// and int32 inputs and int64 for int64 ones: unsigned arithmetic wraps (modulo 2^32 or 2^64)
+// where signed overflow would be undefined, and its low bits are the two's complement sum that
+// XLA's integer convolutions compute. A result keeps the low bits of the sum: Out(acc).
+template <typename T> struct IntAcc;
+template <> struct IntAcc<int8_t> { using type = uint32_t; };
+template <> struct IntAcc<int32_t> { using type = uint32_t; };
+template <> struct IntAcc<int64_t> { using type = uint64_t; };
+template <typename T> using int_acc_t = typename IntAcc<T>::type;
+
+// Calls fn(In{}, Out{}) with the storage types of an integer (input, output) pair: int8 inputs
+// with an int8 or int32 result, int32 -> int32 and int64 -> int64. Returns false (and calls
+// nothing) for any other pair.
+template <typename Fn>
+bool dispatch_int_io(DType in, DType out, Fn&& fn) {
+  if (in == DType::kS8 && out == DType::kS8) { fn(int8_t{}, int8_t{}); return true; }
+  if (in == DType::kS8 && out == DType::kS32) { fn(int8_t{}, int32_t{}); return true; }
+  if (in == DType::kS32 && out == DType::kS32) { fn(int32_t{}, int32_t{}); return true; }
+  if (in == DType::kS64 && out == DType::kS64) { fn(int64_t{}, int64_t{}); return true; }
   return false;
 }
 

@@ -172,6 +172,12 @@ struct Args {
   Variant variant;          // the options of the algorithm's name
 };
 
+// Integer inputs run on the direct algorithms alone (exact, wrapping sums): every other
+// algorithm's supports() declines them with this reason first.
+inline Support float_inputs(const Args& a) {
+  return is_integer(a.in) ? Support::No("integer inputs: direct only") : Support::Yes();
+}
+
 // The three buffers of a call, named by role in the *forward* problem. For kFwd, x and w are
 // read and y written; kBwdData reads y (= dy) and w and writes x (= dx); kBwdFilter reads x
 // and y (= dy) and writes w (= dw).

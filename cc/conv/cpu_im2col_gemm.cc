@@ -540,6 +540,7 @@ CpuIsa isa_of(const Args& a) {
 }
 
 Support supports(const Args& a) {
+  if (Support s = float_inputs(a); !s.ok) return s;
   if (!dispatch_io(a.in, a.out, [](auto, auto) {}))
     return Support::No(std::string("unsupported dtypes ") + dtype_name(a.in) + " -> " +
                        dtype_name(a.out));

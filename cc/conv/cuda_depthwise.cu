@@ -490,6 +490,7 @@ View view_of(const Problem& p) {
 
 Support check_problem(const Args& a) {
   const Problem& p = a.p;
+  if (Support s = float_inputs(a); !s.ok) return s;
   if (!dispatch_io(a.in, a.out, [](auto, auto) {}))
     return Support::No(std::string("unsupported dtypes ") + dtype_name(a.in) + " -> " +
                        dtype_name(a.out));

@@ -321,6 +321,7 @@ depthwise3_filter_kernel(const In* __restrict__ x, const In* __restrict__ dy,
 
 Support supports(const Args& a) {
   const Problem& p = a.p;
+  if (Support s = float_inputs(a); !s.ok) return s;
   if (a.in != DType::kBF16 && a.in != DType::kF16 && a.in != DType::kF32)
     return Support::No("bfloat16, float16 or float32 inputs only");
   if (a.out != a.in && a.out != DType::kF32)

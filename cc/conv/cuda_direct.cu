@@ -7,9 +7,14 @@
 //   bwd_data   one thread per dx element; c fastest.
 //   bwd_filter a (32 x 8) block per 32 consecutive dw elements: the 8 rows split the N*Z*P*Q
 //              reduction, then add their partial sums in a fixed order through shared memory.
-// Accumulation in float (double for float64). Cost: N*Z*P*Q*K*T*R*S*Cg multiply-adds, no
-// reuse through shared memory: correct first, fast elsewhere. fwd and bwd_filter multiply the
+// Accumulation in float (double for float64); integer inputs (int8 -> int8 or int32, int32,
+// int64) sum exactly in the wrapping unsigned accumulator of dtype.h's IntAcc, as XLA does, and
+// run here alone among the GPU algorithms (there is no int8 tensor-core path). Cost:
+// N*Z*P*Q*K*T*R*S*Cg multiply-adds, no reuse through shared memory: correct first, fast
+// elsewhere. fwd and bwd_filter multiply the
 // zero that a tap reads on padding (conv.h), so 0 * inf = NaN there.
+
+#include <type_traits>
 
 #include "cc/common/cuda_util.h"
 #include "cc/conv/cuda_algorithms.h"
@@ -22,10 +27,28 @@ using cuda::device_t;
 using cuda::from_acc;
 using cuda::to_acc;
 
+// How the sums of (device) input type In are kept: in float (double for float64), or in the
+// wrapping unsigned accumulator for integers (dtype.h: IntAcc), whose low bits are the result.
+template <typename In, typename = void>
+struct Sum {
+  using Acc = dev_acc_t<In>;
+  static __device__ __forceinline__ Acc load(In v) { return Acc(to_acc(v)); }
+  template <typename Out> static __device__ __forceinline__ Out store(Acc a) {
+    return from_acc<Out>(a);
+  }
+};
+template <typename In>
+struct Sum<In, std::enable_if_t<std::is_integral_v<In>>> {
+  using Acc = int_acc_t<In>;
+  static __device__ __forceinline__ Acc load(In v) { return Acc(v); }
+  template <typename Out> static __device__ __forceinline__ Out store(Acc a) { return Out(a); }
+};
+
 template <typename In, typename Out>
 __global__ void direct_fwd_kernel(Problem p, const In* __restrict__ x, const In* __restrict__ w,
                                   Out* __restrict__ y) {
-  using Acc = dev_acc_t<In>;
+  using M = Sum<In>;
+  using Acc = typename M::Acc;
   const int64_t total = p.y_elems(), Cg = p.Cg(), Kg = p.Kg(), K = p.K;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -45,18 +68,19 @@ __global__ void direct_fwd_kernel(Problem p, const In* __restrict__ x, const In*
           const In* xp = x + pixel * p.C + g * Cg;
           const In* wp = w + ((t * p.filt[1] + r) * p.filt[2] + s) * Cg * K + k;
           for (int64_t c = 0; c < Cg; ++c)
-            acc += (inside ? Acc(to_acc(xp[c])) : Acc(0)) * Acc(to_acc(wp[c * K]));
+            acc += (inside ? M::load(xp[c]) : Acc(0)) * M::load(wp[c * K]);
         }
       }
     }
-    y[e] = from_acc<Out>(acc);
+    y[e] = M::template store<Out>(acc);
   }
 }
 
 template <typename In, typename Out>
 __global__ void direct_bwd_data_kernel(Problem p, const In* __restrict__ dy,
                                        const In* __restrict__ w, Out* __restrict__ dx) {
-  using Acc = dev_acc_t<In>;
+  using M = Sum<In>;
+  using Acc = typename M::Acc;
   const int64_t total = p.x_elems(), Cg = p.Cg(), Kg = p.Kg(), C = p.C, K = p.K;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -76,11 +100,11 @@ __global__ void direct_bwd_data_kernel(Problem p, const In* __restrict__ dy,
           if (oq < 0) continue;
           const In* dyp = dy + (((n * p.out[0] + oz) * p.out[1] + op) * p.out[2] + oq) * K + g * Kg;
           const In* wp = w + (((t * p.filt[1] + r) * p.filt[2] + s) * Cg + ci) * K + g * Kg;
-          for (int64_t k = 0; k < Kg; ++k) acc += Acc(to_acc(dyp[k])) * Acc(to_acc(wp[k]));
+          for (int64_t k = 0; k < Kg; ++k) acc += M::load(dyp[k]) * M::load(wp[k]);
         }
       }
     }
-    dx[e] = from_acc<Out>(acc);
+    dx[e] = M::template store<Out>(acc);
   }
 }
 
@@ -91,7 +115,8 @@ template <typename In, typename Out>
 __global__ void __launch_bounds__(kFiltLanes * kFiltRows)
 direct_bwd_filter_kernel(Problem p, const In* __restrict__ x, const In* __restrict__ dy,
                          Out* __restrict__ dw) {
-  using Acc = dev_acc_t<In>;
+  using M = Sum<In>;
+  using Acc = typename M::Acc;
   __shared__ Acc partial[kFiltRows][kFiltLanes];  // (ROWS, LANES)
   const int64_t total = p.w_elems(), Cg = p.Cg(), Kg = p.Kg(), K = p.K;
   const int64_t positions = p.N * p.out_spatial();
@@ -110,9 +135,9 @@ direct_bwd_filter_kernel(Problem p, const In* __restrict__ x, const In* __restri
         const int64_t id = in_idx(p, 0, z, t), ih = in_idx(p, 1, pp, r), iw = in_idx(p, 2, q, s);
         const bool inside = id >= 0 && ih >= 0 && iw >= 0;  // else padding: x reads zero
         const Acc xv =
-            inside ? Acc(to_acc(x[(((n * p.in[0] + id) * p.in[1] + ih) * p.in[2] + iw) * p.C + c]))
+            inside ? M::load(x[(((n * p.in[0] + id) * p.in[1] + ih) * p.in[2] + iw) * p.C + c])
                    : Acc(0);
-        acc += xv * Acc(to_acc(dy[j * K + k]));
+        acc += xv * M::load(dy[j * K + k]);
       }
     }
     partial[threadIdx.y][threadIdx.x] = acc;
@@ -120,7 +145,7 @@ direct_bwd_filter_kernel(Problem p, const In* __restrict__ x, const In* __restri
     if (threadIdx.y == 0 && e < total) {
       Acc sum = 0;
       for (int i = 0; i < kFiltRows; ++i) sum += partial[i][threadIdx.x];
-      dw[e] = from_acc<Out>(sum);
+      dw[e] = M::template store<Out>(sum);
     }
     __syncthreads();
   }
@@ -132,7 +157,7 @@ int64_t workspace_bytes(const Args&) { return 0; }
 Status run(const Args& a, const Buffers& b, void*, cudaStream_t stream) {
   const Problem& p = a.p;
   Status status;
-  bool ok = dispatch_io(a.in, a.out, [&](auto in_tag, auto out_tag) {
+  auto launch = [&](auto in_tag, auto out_tag) {
     using In = device_t<decltype(in_tag)>;
     using Out = device_t<decltype(out_tag)>;
     constexpr int kThreads = 256;
@@ -158,7 +183,8 @@ Status run(const Args& a, const Buffers& b, void*, cudaStream_t stream) {
         status = cuda::check_launch("conv direct_bwd_filter_kernel");
         break;
     }
-  });
+  };
+  const bool ok = dispatch_io(a.in, a.out, launch) || dispatch_int_io(a.in, a.out, launch);
   if (!ok)
     return Status::Error(std::string("conv direct: unsupported dtypes ") + dtype_name(a.in) +
                          " -> " + dtype_name(a.out));

@@ -575,6 +575,7 @@ inline int pick_pairs(const Fft2d& f, int64_t B) {
 
 inline Support make_plan(const Args& a, LengthFn choose, Plan* plan) {
   const Problem& p = a.p;
+  if (Support s = float_inputs(a); !s.ok) return s;
   if (a.in == DType::kF64 || a.out == DType::kF64)
     return Support::No("float64 is not supported (the FFTs run in float32)");
   if (p.in[0] != 1 || p.filt[0] != 1 || p.out[0] != 1)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "cc/common/cuda_util.h"
 #include "cc/conv/cuda_algorithms.h"
@@ -13,7 +14,7 @@
 namespace jaxdnn::conv {
 namespace {
 
-// Uniform values in [-1, 1) from a hash of the index.
+// Uniform values from a hash of the index: in [-1, 1) for floats, any value for integers.
 template <typename T>
 __global__ void fill_kernel(T* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -22,17 +23,22 @@ __global__ void fill_kernel(T* p, int64_t n, uint32_t seed) {
     h ^= h >> 16;
     h *= 0x7feb352du;
     h ^= h >> 15;
-    p[i] = cuda::from_acc<T>(float(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+    if constexpr (std::is_integral_v<T>)
+      p[i] = T(h);
+    else
+      p[i] = cuda::from_acc<T>(float(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
   }
 }
 
 Status fill(DType t, void* p, int64_t n, uint32_t seed, cudaStream_t s) {
   Status st;
-  dispatch_io(t, t, [&](auto tag, auto) {
+  auto launch = [&](auto tag, auto) {
     using T = cuda::device_t<decltype(tag)>;
     fill_kernel<T><<<cuda::grid_for(n, 256), 256, 0, s>>>(static_cast<T*>(p), n, seed);
     st = cuda::check_launch("conv find fill_kernel");
-  });
+  };
+  if (!dispatch_io(t, t, launch) && !dispatch_int_io(t, t, launch))
+    return Status::Error(std::string("conv find: unsupported dtype ") + dtype_name(t));
   return st;
 }
 
@@ -55,7 +61,7 @@ struct Scratch {
   }
 };
 
-int64_t bytes_of(DType t, int64_t n) { return n * (t == DType::kF64 ? 8 : t == DType::kF32 ? 4 : 2); }
+int64_t bytes_of(DType t, int64_t n) { return n * dtype_bytes(t); }
 
 }  // namespace
 

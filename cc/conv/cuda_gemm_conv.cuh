@@ -155,9 +155,10 @@ Status with_mode(const Args& a, Fn&& fn) {
   }
 }
 
-// What every tensor-core GEMM algorithm needs: 16-bit or float32 operands (float64 has no
+// What every tensor-core GEMM algorithm needs: 16-bit or float32 operands (no integers) (float64 has no
 // tensor-core path here), a result of the input dtype or float32, and int32 sizes.
 inline Support gemm_dtype_support(const Args& a) {
+  if (Support s = float_inputs(a); !s.ok) return s;
   if (a.in == DType::kF64) return Support::No("float64 has no tensor-core path: use direct");
   if (a.out != a.in && a.out != DType::kF32)
     return Support::No("the result must have the input dtype or float32");

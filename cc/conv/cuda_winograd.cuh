@@ -186,6 +186,7 @@ Geom geom_of(const Problem& p, Direction dir) {
 // What both algorithms require of the problem.
 inline Support support_3x3(const Args& a) {
   const Problem& p = a.p;
+  if (Support s = float_inputs(a); !s.ok) return s;
   if (a.in == DType::kF64 || a.out == DType::kF64) return Support::No("float64: use direct");
   if (p.in[0] != 1 || p.filt[0] != 1 || p.out[0] != 1 || p.pad_lo[0] != 0)
     return Support::No("needs a 2-D problem (D = T = 1)");

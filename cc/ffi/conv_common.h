@@ -3,6 +3,7 @@
 // over the platform, and the Python-facing problem encoding used by the algorithm queries.
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -37,6 +38,17 @@ auto bind_conv(Binding b) {
       .template Attr<std::string_view>("algo");
 }
 
+// The DType of a conv operand: the float dtypes of to_dtype and the integer ones that only
+// conv runs (int8, int32, int64).
+inline std::optional<DType> conv_dtype(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::S8: return DType::kS8;
+    case ffi::DataType::S32: return DType::kS32;
+    case ffi::DataType::S64: return DType::kS64;
+    default: return to_dtype(t);
+  }
+}
+
 struct ConvAttrs {
   I64Span stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation;
   int64_t groups;
@@ -67,10 +79,10 @@ inline std::string make_args(conv::Direction dir, const ffi::AnyBuffer& a, const
   Status s = conv::validate(p);
   if (!s.ok()) return s.message;
   out->dir = dir;
-  auto in_t = to_dtype(a.element_type()), b_t = to_dtype(b.element_type()),
-       out_t = to_dtype(result.element_type());
+  auto in_t = conv_dtype(a.element_type()), b_t = conv_dtype(b.element_type()),
+       out_t = conv_dtype(result.element_type());
   if (!in_t || !b_t || !out_t || *in_t != *b_t)
-    return "conv operands must be two arrays of one float dtype";
+    return "conv operands must be two arrays of one float dtype, or of int8, int32 or int64";
   out->in = *in_t;
   out->out = *out_t;
   out->tf32 = at.tf32;
@@ -148,7 +160,8 @@ inline conv::Problem decode_problem(const std::vector<int64_t>& v) {
 }
 
 inline DType dtype_from_name(const std::string& s) {
-  for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16})
+  for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kS8, DType::kS32,
+                  DType::kS64})
     if (s == dtype_name(t)) return t;
   throw std::invalid_argument("unsupported dtype '" + s + "'");
 }

@@ -263,10 +263,17 @@ _CONV_NAMES = _Names("jaxdnn.conv", "x", "w", "stride", "padding", "lhs_dilation
                      "groups")
 
 
+# Operand dtypes: the float ones of every op, and the integers, which lax convolves too (its
+# boolean convolution is not offered).
+_INT_DTYPES = tuple(np.dtype(d) for d in (jnp.int8, jnp.int16, jnp.int32, jnp.int64, jnp.uint8,
+                                          jnp.uint16, jnp.uint32, jnp.uint64))
+_DTYPES = _checks.SUPPORTED_DTYPES + _INT_DTYPES
+
+
 def _operands(lhs, rhs, names: _Names):
     """The input and filter as arrays of one supported dtype."""
-    lhs = _checks.operand(lhs, names.lhs, names.api)
-    rhs = _checks.operand(rhs, names.rhs, names.api)
+    lhs = _checks.operand(lhs, names.lhs, names.api, _DTYPES)
+    rhs = _checks.operand(rhs, names.rhs, names.api, _DTYPES)
     if lhs.dtype != rhs.dtype:
         raise TypeError(f"{names.api}: `{names.lhs}` and `{names.rhs}` must have the same dtype, "
                         f"got {lhs.dtype} and {rhs.dtype}")
@@ -335,21 +342,39 @@ def _padding_pairs(padding, nd, names: _Names, *, allow_negative: bool):
 
 
 def _resolve_out_dtype(in_dtype, preferred, names: _Names):
-    """(dtype the kernels read, dtype they write) for `preferred_element_type`."""
+    """(dtype the kernels read, dtype they write, dtype of the result) for
+    `preferred_element_type`, with lax's rules: float inputs give a float result, integer
+    inputs an integer one, signed for signed inputs (exact sums, wrapping modulo 2^bits of
+    the result), or a float one (the operands converted to it); never a narrower one. 64-bit
+    dtypes without jax_enable_x64 become 32-bit ones, as in lax."""
     in_dtype = np.dtype(in_dtype)
-    if preferred is None:
-        return in_dtype, in_dtype
-    pref = np.dtype(preferred)
-    if pref not in _checks.SUPPORTED_DTYPES:
-        raise TypeError(f"{names.api}: `preferred_element_type` must be a float dtype "
-                        f"(float16/bfloat16/float32/float64), got {pref}")
+    pref = in_dtype if preferred is None else np.dtype(jax.dtypes.canonicalize_dtype(preferred))
+    integer_in = np.issubdtype(in_dtype, np.integer)
+    if pref not in _DTYPES or (np.issubdtype(pref, np.integer) and not integer_in):
+        raise TypeError(f"{names.api}: `preferred_element_type` {pref} does not suit {in_dtype} "
+                        "inputs: float inputs take a float dtype (float16/bfloat16/float32/"
+                        "float64), integer inputs an integer or float one")
     if pref.itemsize < in_dtype.itemsize:
         raise TypeError(f"{names.api}: `preferred_element_type` {pref} is narrower than the "
                         f"input dtype {in_dtype}")
+    if integer_in and np.issubdtype(pref, np.integer):
+        if np.issubdtype(in_dtype, np.signedinteger) and np.issubdtype(pref, np.unsignedinteger):
+            raise TypeError(f"{names.api}: `preferred_element_type` {pref} must be signed for "
+                            f"the signed input dtype {in_dtype}")
+        # The kernels sum int8 into int8 or int32, and int32 or int64 into themselves (each
+        # modulo 2^bits); the low bits of a sum at least as wide as the result are the result.
+        i32, i64 = np.dtype(np.int32), np.dtype(np.int64)
+        if in_dtype == np.int8 and pref in (in_dtype, i32):
+            return in_dtype, pref, pref
+        if pref.itemsize <= 4:
+            return (in_dtype if in_dtype == np.int8 else i32), i32, pref
+        return i64, i64, pref
+    if integer_in:
+        return pref, pref, pref  # lax converts integer operands to the float result type
     if pref == in_dtype or (pref == np.float32 and in_dtype.itemsize == 2):
-        return in_dtype, pref  # same dtype, or 16-bit in / float32 out: native kernels
+        return in_dtype, pref, pref  # same dtype, or 16-bit in / float32 out: native kernels
     if pref.itemsize >= 4:
-        return pref, pref  # wider result: compute in it
+        return pref, pref, pref  # wider result: compute in it
     raise TypeError(f"{names.api}: `preferred_element_type` {pref} is not supported for "
                     f"{in_dtype} inputs")
 
@@ -460,7 +485,8 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
     except TypeError as e:
         raise TypeError(f"{names.api}: {e}") from None
     _check_dimension_numbers(dnums, lhs, rhs, names)
-    compute, out_dtype = _resolve_out_dtype(lhs.dtype, preferred_element_type, names)
+    compute, out_dtype, result_dtype = _resolve_out_dtype(lhs.dtype, preferred_element_type,
+                                                          names)
     x, w, spec, finish = _canonical_problem(
         lhs.astype(compute), rhs.astype(compute), dnums, window_strides, padding, lhs_dilation,
         rhs_dilation, feature_group_count, batch_group_count, names,
@@ -468,7 +494,7 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
     spec = spec.replace(tf32=_allows_tf32(precision, compute))
     y = _bind("fwd", x, w, spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype,
               policy=config_lib.settings().policy())
-    return finish(y)
+    return lax.convert_element_type(finish(y), result_dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -584,7 +610,8 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
         raise ValueError(f"{api}: `layout` {lhs_layout!r} does not match the rank {x.ndim} of `x`")
     nd = x.ndim - 2
     dnums = lax.conv_dimension_numbers(x.shape, w.shape, (lhs_layout, rhs_layout, lhs_layout))
-    compute, out_dtype = _resolve_out_dtype(x.dtype, preferred_element_type, names)
+    compute, out_dtype, result_dtype = _resolve_out_dtype(x.dtype, preferred_element_type,
+                                                          names)
     strides = _int_tuple(stride, nd, "stride", names, minimum=1)
     dil = _int_tuple(dilation, nd, "dilation", names, minimum=1)
     out_pad = _int_tuple(output_padding, nd, "output_padding", names, minimum=0)
@@ -641,5 +668,5 @@ def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, g
     perm[lhs_spec[0]], perm[lhs_spec[1]] = 0, nd + 1
     for i in range(nd):
         perm[lhs_spec[2 + i]] = 1 + i
-    return jnp.transpose(y, perm)
+    return lax.convert_element_type(jnp.transpose(y, perm), result_dtype)
 

@@ -219,6 +219,14 @@ def _run_algorithm(name, direction, spec, out_dtype):
                                       out_dtype=out_dtype, policy=(False, False, -1)))
 
 
+def _random_operand(rng, shape, dtype):
+    """Normal values for float operands, any value of the dtype for integer ones."""
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    return rng.standard_normal(shape).astype(dtype)
+
+
 def _rel_l2(out, ref) -> float:
     out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
     den = np.linalg.norm(ref)
@@ -234,7 +242,7 @@ def _find(problem: ConvProblem, platform: str, repeats: int) -> list[FindResult]
     rng = np.random.default_rng(0)
     nbytes = (np.prod(a_shape) + np.prod(b_shape)) * np.dtype(dtype).itemsize
     rotate = int(min(8, max(2, 3 * (60 << 20) // max(nbytes, 1)))) if platform == "cuda" else 2
-    inputs = [tuple(jax.device_put(rng.standard_normal(s).astype(dtype), dev)
+    inputs = [tuple(jax.device_put(_random_operand(rng, s, dtype), dev)
                     for s in (a_shape, b_shape)) for _ in range(rotate)]
     ref = _run_algorithm("direct", direction, spec, out_dtype)(*inputs[0])
     results = []
@@ -247,7 +255,8 @@ def _find(problem: ConvProblem, platform: str, repeats: int) -> list[FindResult]
             continue
         fn = _run_algorithm(info.name, direction, spec, out_dtype)
         err = _rel_l2(fn(*inputs[0]), ref)
-        tol = _FIND_TOL_TF32 if spec.tf32 else _FIND_TOL[np.dtype(out_dtype)]
+        tol = (0.0 if np.issubdtype(out_dtype, np.integer) else  # integer sums are exact
+               _FIND_TOL_TF32 if spec.tf32 else _FIND_TOL[np.dtype(out_dtype)])
         if not err <= tol:
             results.append(FindResult(time_s=float("inf"), ok=False, error=err,
                                       reason=f"wrong result: relative error {err:.2e}", **base))
