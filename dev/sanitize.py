@@ -28,8 +28,9 @@ import numpy as np
 
 import jaxdnn
 from jaxdnn.ops import conv as conv_ops
+from jaxdnn.ops.norm import NormShape
 from jaxdnn.selection import conv as conv_sel
-from jaxdnn.ops.norm import NormProblem, NormShape
+from jaxdnn.selection.norm import NormProblem
 
 PLATFORM = os.environ.get("JAXDNN_SANITIZE_PLATFORM", "gpu")  # "cpu": a quick local dry run
 GPU = jax.devices(PLATFORM)[0]

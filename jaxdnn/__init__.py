@@ -23,6 +23,8 @@ from .selection.conv import (ConvProblem, FindResult, conv_algorithms, conv_prob
                              conv_problems, find_conv_algorithms)
 from .selection.core import AlgoInfo
 from .selection.explain import explain
+from .selection.norm import norm_algorithms
+from .selection.pool import pool_algorithms
 from .selection.softmax import softmax_algorithms
 
 
@@ -65,5 +67,7 @@ __all__ = [
     "conv_transpose",
     "explain",
     "find_conv_algorithms",
+    "norm_algorithms",
+    "pool_algorithms",
     "softmax_algorithms",
 ]

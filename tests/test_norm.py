@@ -205,7 +205,8 @@ def _check_forward(case, dtype, args, out):
 def _registry(direction, platform):
     """Every algorithm name of `platform`'s norm registry for `direction` (a problem's listing
     names them all, supported or not); skips where the machine lacks the platform."""
-    from jaxdnn.ops.norm import NormProblem, NormShape
+    from jaxdnn.ops.norm import NormShape
+    from jaxdnn.selection.norm import NormProblem
     device(platform)
     problem = NormProblem(direction, NormShape(1, 1, 1, 1, 1), np.dtype(np.float32))
     return [a.name for a in jaxdnn.norm_algorithms(problem, "cuda" if platform == "gpu" else
@@ -336,7 +337,8 @@ def test_two_call_forward(case, pairs, default_two):
 
 @pytest.mark.parametrize("direction", ["fwd", "infer", "bwd"])
 def test_norm_algorithms_listing(direction):
-    from jaxdnn.ops.norm import NormProblem, NormShape
+    from jaxdnn.ops.norm import NormShape
+    from jaxdnn.selection.norm import NormProblem
     problem = NormProblem(direction, NormShape(P=1, A=8, C=4, K=1, T=1), np.dtype(np.float32))
     infos = jaxdnn.norm_algorithms(problem, "cpu")
     assert [a.name for a in infos] == ["column", "row", "segment"]
@@ -347,7 +349,8 @@ def test_norm_algorithms_listing(direction):
 
 @needs_cuda_module
 def test_norm_cuda_listing():
-    from jaxdnn.ops.norm import NormProblem, NormShape
+    from jaxdnn.ops.norm import NormShape
+    from jaxdnn.selection.norm import NormProblem
     problem = NormProblem("fwd", NormShape(P=1, A=8, C=4, K=1, T=1), np.dtype(np.float32))
     infos = {a.name: a for a in jaxdnn.norm_algorithms(problem, "cuda")}
     assert set(infos) == {"row", "column_two_call_flat", "column_two_call", "column_single_pass",

@@ -179,7 +179,8 @@ def test_forward_backward_match_lax(case, dtype, op, platform):
 
 def _registry(platform, direction="fwd"):
     """Every algorithm name of `platform`'s pool registry for `direction`."""
-    from jaxdnn.ops.pool import PoolProblem, PoolSpec
+    from jaxdnn.ops.pool import PoolSpec
+    from jaxdnn.selection.pool import PoolProblem
     spec = PoolSpec((1, 4, 4, 8), (2, 2), (2, 2), ((0, 0), (0, 0)))
     problem = PoolProblem("max_fwd" if direction == "fwd" else "avg_bwd", spec,
                           np.dtype(np.float32))
@@ -219,7 +220,8 @@ def test_every_forward_algorithm(platform, dtype):
 
 
 def test_pool_algorithms_listing():
-    from jaxdnn.ops.pool import PoolProblem, PoolSpec
+    from jaxdnn.ops.pool import PoolSpec
+    from jaxdnn.selection.pool import PoolProblem
     spec = PoolSpec((1, 4, 4, 8), (2, 2), (2, 2), ((0, 0), (0, 0)))
     for op, direction, name in [("max_fwd", "fwd", "window"), ("max_fwd_index", "fwd", "window"),
                                 ("avg_bwd", "bwd", "gather"), ("max_gather", "bwd", "gather")]:
@@ -229,7 +231,8 @@ def test_pool_algorithms_listing():
 
 @needs_cuda_module
 def test_pool_cuda_listing():
-    from jaxdnn.ops.pool import PoolProblem, PoolSpec
+    from jaxdnn.ops.pool import PoolSpec
+    from jaxdnn.selection.pool import PoolProblem
     spec = PoolSpec((1, 9, 9, 8), (3, 3), (2, 2), ((1, 1), (1, 1)))
     infos = jaxdnn.pool_algorithms(PoolProblem("max_fwd", spec, np.dtype(np.float32)), "cuda")
     assert [a.name for a in infos] == ["strip", "window", "global", "tile"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,9 +21,13 @@ from jax import lax
 
 import jaxdnn
 from jaxdnn import _config
+from jaxdnn.ops.norm import NormShape
+from jaxdnn.ops.pool import PoolSpec
 from jaxdnn.selection import cache, core
 from jaxdnn.selection import conv as conv_sel
 from jaxdnn.selection import explain as explain_lib
+from jaxdnn.selection import norm as norm_sel
+from jaxdnn.selection import pool as pool_sel
 from jaxdnn.selection import softmax as softmax_sel
 
 from util import by_base, has_gpu, needs_cuda_module, needs_gpu
@@ -266,6 +271,46 @@ def test_explain_walks_nested_jaxprs_of_every_family():
     assert all(r.reason == "heuristic" for r in rows)
 
 
+def _norm_pool_loss(x, scale, bias):
+    y = jaxdnn.layer_norm(x, scale, bias)
+    y, _, _ = jaxdnn.batch_norm(y.reshape(2, 4, 4, 8), scale, bias)
+    return jnp.sum(jaxdnn.max_pool(y, 2) ** 2)
+
+
+def test_explain_lists_norm_and_pool_calls():
+    """A gradient through layer norm, batch norm and max pooling: a row per kernel call, in
+    program order, each naming the algorithm its custom call lowers with."""
+    args = (jnp.arange(256.0, dtype=jnp.float32).reshape(32, 8) % 7, jnp.ones(8), jnp.zeros(8))
+    f = jax.jit(jax.grad(_norm_pool_loss, argnums=(0, 1)))
+    rows = jaxdnn.explain(f, *args, platform="cpu")
+    assert [(type(r.problem).__name__, r.direction, r.algo) for r in rows] == [
+        ("NormProblem", "fwd", "row"), ("NormProblem", "fwd", "column"),
+        ("PoolProblem", "fwd", "window"), ("PoolProblem", "bwd", "gather"),
+        ("NormProblem", "bwd", "column"), ("NormProblem", "bwd", "row")]
+    assert [r.problem.op for r in rows[2:4]] == ["max_fwd_index", "max_scatter"]
+    assert all(r.reason == "heuristic" and r.workspace_bytes == 0 for r in rows)
+    assert "norm fwd   32x1x1x8x1x1 float32" in str(rows)
+    assert "pool max_scatter 2x8x1x4x4x1x2x2x1x2x2x1x2x2x0x0x0x0x0x0 float32" in str(rows)
+    lowered = re.findall(r'custom_call @jaxdnn_(norm|pool)_(\w+)\(.*algo = "(\w+)"',
+                         f.lower(*args).as_text())
+    assert sorted(a for _, _, a in lowered) == sorted(r.algo for r in rows)
+    # The problem keys its family's tuning cache; the family's registry answers for it.
+    families = {norm_sel.NormProblem: norm_sel.FAMILY, pool_sel.PoolProblem: pool_sel.FAMILY}
+    for r in rows:
+        family = families[type(r.problem)]
+        assert family.key(r.problem) and family.algorithms(r.problem, "cpu")[0].name == r.algo
+
+
+def test_explain_names_forced_norm_and_pool_algorithms():
+    x = jnp.ones((2, 4, 4, 8), jnp.float32)
+    f = lambda x: jaxdnn.max_pool(jaxdnn.layer_norm(x, None, None, algo="row"), 2,  # noqa: E731
+                                  algo="window")
+    rows = jaxdnn.explain(f, x, platform="cpu")
+    assert [(r.algo, r.reason) for r in rows] == [("row", "forced"), ("window", "forced")]
+    with pytest.raises(ValueError, match="unknown pool algorithm 'tiles' for fwd on cpu"):
+        jaxdnn.explain(lambda x: jaxdnn.max_pool(x, 2, algo="tiles"), x, platform="cpu")
+
+
 class _NegFamily:
     """A family for jax's own neg primitive: enough to show what a new family provides."""
 
@@ -429,6 +474,46 @@ def test_find_rejects_a_wrong_algorithm(monkeypatch):
     assert results["direct"].ok
 
 
+F32 = np.dtype(np.float32)
+POOL_SPEC = PoolSpec((2, 6, 6, 4), (3, 3), (2, 2), ((1, 1), (1, 1)))
+
+
+@pytest.mark.parametrize("family,problem", [
+    (softmax_sel.FAMILY, softmax_sel.SoftmaxProblem("bwd", "log_softmax_vjp", 8, 16, F32)),
+    (norm_sel.FAMILY, norm_sel.NormProblem("fwd", NormShape(1, 8, 4, 1, 1), F32)),
+    (norm_sel.FAMILY, norm_sel.NormProblem("bwd", NormShape(6, 1, 1, 8, 1), F32, centered=False)),
+    (pool_sel.FAMILY, pool_sel.PoolProblem("avg_fwd", POOL_SPEC, F32, False)),
+    (pool_sel.FAMILY, pool_sel.PoolProblem("max_scatter", POOL_SPEC, F32))],
+    ids=lambda v: v.describe() if hasattr(v, "describe") else v.name)
+def test_family_find_checks_and_times_every_listed_algorithm(family, problem):
+    """softmax's, norm's and pool's find (core.find_checked): every algorithm of the listing,
+    the supported ones checked against the reference and timed, as the tuning cache keeps
+    them."""
+    results = family.find(problem, "cpu")
+    listing = {a.name: a for a in family.algorithms(problem, "cpu")}
+    assert [r["name"] for r in results][:1] == [next(iter(listing))]
+    assert {r["name"] for r in results} == set(listing) and core._valid_results(results)
+    for r in results:
+        if listing[r["name"]].supported:
+            assert r["ok"] and r["time_s"] > 0 and r["error"] < 1e-5, r
+        else:
+            assert not r["ok"] and r["reason"] == listing[r["name"]].reason
+
+
+def test_find_checked_rejects_a_wrong_result():
+    infos = [core.AlgoInfo(name=n, direction="fwd", platform="cpu", supported=s, reason=why,
+                           workspace_bytes=0, deterministic=True, tensor_cores=False,
+                           rank=None, base=n)
+             for n, s, why in (("off", True, ""), ("none", False, "no"), ("exact", True, ""))]
+    inputs = [(jnp.arange(1.0, 9.0) * k,) for k in (1, 2)]
+    results = core.find_checked(infos, lambda n: (lambda a: a * 1.01) if n == "off" else
+                                (lambda a: a), inputs, inputs[0][0], 1e-3, repeats=1)
+    assert [(r["name"], r["ok"]) for r in results] == [("exact", True), ("none", False),
+                                                      ("off", False)]
+    assert results[2]["reason"] == "wrong result: relative error 1.00e-02"
+    assert results[1]["reason"] == "no" and results[0]["error"] == 0
+
+
 def test_explain_lists_every_call_with_reasons():
     x, w = jnp.ones((2, 8, 8, 3)), jnp.ones((3, 3, 3, 4))
     f = jax.value_and_grad(lambda w, x: jnp.sum(jaxdnn.conv(x, w, padding=1)))
@@ -458,10 +543,12 @@ def test_deterministic_training_step_is_bitwise_reproducible():
         first = jax.tree.leaves(step(params, state, x, y))
         again = jax.tree.leaves(step(params, state, x, y))
         rows = jaxdnn.explain(step, params, state, x, y, platform="cpu")
-        assert {r.problem.__class__.__name__ for r in rows} == {"ConvProblem", "SoftmaxProblem"}
+        listing = {"ConvProblem": jaxdnn.conv_algorithms, "NormProblem": jaxdnn.norm_algorithms,
+                   "PoolProblem": jaxdnn.pool_algorithms,
+                   "SoftmaxProblem": jaxdnn.softmax_algorithms}
+        assert {type(r.problem).__name__ for r in rows} == set(listing)
         for r in rows:
-            get = (jaxdnn.conv_algorithms if r.problem.__class__.__name__ == "ConvProblem"
-                   else jaxdnn.softmax_algorithms)
+            get = listing[type(r.problem).__name__]
             assert r.reason.startswith(("heuristic", "forced"))
             assert {a.name: a for a in get(r.problem, "cpu")}[r.algo].deterministic
     for a, b in zip(first, again):

@@ -35,7 +35,7 @@ from jax.interpreters import ad, batching
 
 from .. import _checks, _ffi
 from .. import _config as config_lib
-from ..selection import core as selection
+from ..selection import core
 
 DIRECTIONS = ("fwd", "bwd_data", "bwd_filter")
 
@@ -109,7 +109,7 @@ def _abstract_eval(direction, a, b, *, spec, algo, out_dtype, policy):
 
 def _conv_attrs(direction):
     def attrs(platform, ctx, **params):
-        choice = selection.choose_for_call(_PRIMS[direction], ctx.avals_in, params, platform)
+        choice = core.choose_for_call(_PRIMS[direction], ctx.avals_in, params, platform)
         spec = params["spec"]
         return dict(stride=spec.stride, pad_lo=[lo for lo, _ in spec.padding],
                     pad_hi=[hi for _, hi in spec.padding], lhs_dilation=spec.lhs_dilation,

@@ -36,8 +36,9 @@ normalises with it too); for an unbiased running variance multiply by ``n / (n -
 
 Every primitive carries ``algo`` (an algorithm forced by the caller, or None) and ``policy``
 (the jaxdnn.config policy at trace time); each kernel primitive's algorithm is chosen from the
-platform's registry at lowering time (jaxdnn/algo.py: heuristic, forced or benchmark) and named
-in the custom call, as for convolutions and softmax. :func:`norm_algorithms` lists them: per
+platform's registry at lowering time (jaxdnn/selection, whose norm family is
+``selection/norm.py``: heuristic, forced or benchmark) and named in the custom call, as for
+convolutions and softmax. :func:`norm_algorithms` lists them: per
 pass ("fwd" training forward, "infer" inference forward, "bwd" backward) the GPU registers the
 row kernels, the column path's single-pass, three-pass and two-call forwards (each with the
 tiled or, for 4- and 8-byte types, the flat apply) and the segment path's split, single-pass,
@@ -62,10 +63,9 @@ from jax.interpreters import ad, batching, mlir, xla
 
 from .. import _checks, _ffi
 from .. import _config as config_lib
-from ..selection import core as algo_lib
+from ..selection import core
 
-__all__ = ["batch_norm", "batch_norm_inference", "group_norm", "layer_norm", "norm_algorithms",
-           "rms_norm"]
+__all__ = ["batch_norm", "batch_norm_inference", "group_norm", "layer_norm", "rms_norm"]
 
 
 def stat_dtype(dtype) -> np.dtype:
@@ -251,70 +251,14 @@ def _abstract_eval(name, *avals, shape, eps, centered=True, algo=None, policy=No
     return res if len(res) > 1 else res[0]
 
 
-# The registry pass of each kernel primitive.
-_PASS = {"norm_fwd": "fwd", "norm_infer": "infer", "norm_bwd": "bwd", "norm_infer_bwd": "bwd"}
-
-
-@dataclasses.dataclass(frozen=True)
-class NormProblem:
-    """One norm kernel call: `direction` "fwd" (training forward), "infer" (inference forward)
-    or "bwd" (backward, training or inference) on the canonical `shape`, x of `dtype`."""
-
-    direction: str
-    shape: NormShape
-    dtype: np.dtype
-    centered: bool = True
-    forced_algo: str | None = None
-    policy: tuple[bool, bool, int] = (False, False, -1)
-
-    @property
-    def dims(self) -> list[int]:
-        s = self.shape
-        return [s.P, s.A, s.C, s.K, s.T, s.Q]
-
-    def describe(self) -> str:
-        return (f"norm {self.direction:5s} {'x'.join(map(str, self.dims))} {self.dtype.name}"
-                + ("" if self.centered else " rms"))
-
-    def key(self) -> str:
-        return (f"norm|{self.direction}|{','.join(map(str, self.dims))}|{self.dtype.name}|"
-                f"{int(self.centered)}")
-
-    def choose(self, platform: str) -> algo_lib.Choice:
-        return algo_lib.select_algorithm(
-            "norm", self.direction, norm_algorithms(self, platform), platform, self.forced_algo,
-            self.policy, self.key(), lambda: _find(self, platform))
-
-
-def _registry(problem: NormProblem, platform: str) -> list[dict]:
-    return _ffi.module_for(platform).norm_algorithms(problem.direction, problem.dims,
-                                                     problem.dtype.name, problem.centered)
-
-
-def norm_algorithms(problem: NormProblem, platform: str | None = None):
-    """"Get" for norm: the registry of `platform` with applicability, in preference order."""
-    platform = algo_lib.platform_name(platform)
-    return algo_lib.registry_infos(_registry(problem, platform), problem.direction, platform)
-
-
-def _two_calls(problem: NormProblem, platform: str, name: str) -> bool:
-    """Whether training forward algorithm `name` runs as two calls (statistics, apply)."""
-    return next(r["two_calls"] for r in _registry(problem, platform) if r["name"] == name)
-
-
-def _problem(name, ctx, shape, centered, algo, policy) -> NormProblem:
-    return NormProblem(_PASS[name], shape, np.dtype(ctx.avals_in[0].dtype), centered is not False,
-                       algo, policy)
-
-
 def _call_attrs(shape, eps, centered, name):
     attrs = dict(shape=[shape.P, shape.A, shape.C, shape.K, shape.T, shape.Q], eps=eps, algo=name)
     return attrs if centered is None else dict(attrs, centered=bool(centered))
 
 
-def _kernel_attrs(name, platform, ctx, *, shape, eps, centered=None, algo, policy):
-    choice = _problem(name, ctx, shape, centered, algo, policy).choose(platform)
-    return _call_attrs(shape, eps, centered, choice.name)
+def _kernel_attrs(name, platform, ctx, **params):
+    choice = core.choose_for_call(_PRIMS[name], ctx.avals_in, params, platform)
+    return _call_attrs(params["shape"], params["eps"], params.get("centered"), choice.name)
 
 
 def _kernel_primitive(name):
@@ -347,11 +291,12 @@ def _fwd_lowering(platform):
     one, stats, apply = (_ffi.lowering(f"jaxdnn_norm_{t}", lambda _, ctx, **attrs: attrs)(platform)
                          for t in ("fwd", "fwd_stats", "fwd_apply"))
 
-    def rule(ctx, x, scale, bias, *, shape, eps, centered, algo, policy):
-        problem = _problem("norm_fwd", ctx, shape, centered, algo, policy)
-        name = problem.choose(platform).name
-        attrs = _call_attrs(shape, eps, centered, name)
-        if not _two_calls(problem, platform, name):
+    def rule(ctx, x, scale, bias, **params):
+        family = core.family_of(norm_fwd_p)
+        problem = family.problem(norm_fwd_p, ctx.avals_in, params)
+        name = core.choose(family, problem, platform).name
+        attrs = _call_attrs(params["shape"], params["eps"], params["centered"], name)
+        if not family.two_calls(problem, platform, name):
             return one(ctx, x, scale, bias, **attrs)
         y_aval, mean_aval, var_aval, ws_aval = ctx.avals_out
         mean, var, ws = stats(ctx.replace(avals_out=[mean_aval, var_aval, ws_aval]), x, scale,
@@ -371,83 +316,6 @@ norm_infer_p = _kernel_primitive("norm_infer")
 norm_infer_bwd_p = _kernel_primitive("norm_infer_bwd")
 norm_tangent_p = _jnp_primitive("norm_tangent", _tangent_ref)
 norm_infer_tangent_p = _jnp_primitive("norm_infer_tangent", _infer_tangent_ref)
-
-# Relative L2 error find allows against the jnp reference, by dtype; find's eps.
-_FIND_TOL = {np.dtype(jnp.float64): 1e-9, np.dtype(jnp.float32): 1e-4,
-             np.dtype(jnp.float16): 2e-2, np.dtype(jnp.bfloat16): 2e-2}
-_FIND_EPS = 1e-5
-
-
-def _find_inputs(p: NormProblem, rng, dev):
-    """Operands of the problem's primitive (find's): fwd x, scale, bias; infer those and mean,
-    var; bwd dy, the (zero) statistics cotangents, x, scale, mean, var."""
-    s, sd = p.shape, stat_dtype(p.dtype)
-    n_x, n_s, n_a = _size(X, s), _size(S, s), _size(AFF, s)
-    x = rng.standard_normal(n_x).astype(p.dtype)
-    scale, bias = (rng.standard_normal(n_a).astype(sd) for _ in range(2))
-    mean = rng.standard_normal(n_s).astype(sd) * 0.1
-    var = rng.uniform(0.5, 2.0, n_s).astype(sd)
-    if p.direction == "fwd":
-        ops = (x, scale, bias)
-    elif p.direction == "infer":
-        ops = (x, scale, bias, mean, var)
-    else:
-        empty = np.zeros((0,), sd)
-        ops = (rng.standard_normal(n_x).astype(p.dtype), empty, empty, x, scale, mean, var)
-    return tuple(jax.device_put(o, dev) for o in ops)
-
-
-def _find_call(p: NormProblem, name: str):
-    """The problem's kernel primitive with algorithm `name`, returning its first result."""
-    params = dict(shape=p.shape, eps=_FIND_EPS, algo=name, policy=(False, False, -1))
-    if p.direction == "infer":
-        return lambda *ops: norm_infer_p.bind(*ops, **params)
-    prim = norm_fwd_p if p.direction == "fwd" else norm_bwd_p
-    return lambda *ops: prim.bind(*ops, centered=p.centered, **params)[0]
-
-
-def _find_reference(p: NormProblem, ops):
-    """y (fwd, infer) or dx (bwd) by the jnp references, in the statistics dtype."""
-    s = p.shape
-    if p.direction == "bwd":
-        return _bwd_ref(*ops, shape=s, eps=_FIND_EPS, centered=p.centered)[0]
-    x, scale, bias = ops[:3]
-    if p.direction == "infer":
-        mean, var = ops[3:]
-    else:
-        x5 = _x5(s, x, stat_dtype(p.dtype))
-        mean = (x5.mean(axis=(1, 3, 4)).reshape(-1) if p.centered
-                else jnp.zeros(_size(S, s), x5.dtype))
-        var = ((x5 - _stat_b(s, mean)) ** 2).mean(axis=(1, 3, 4)).reshape(-1)
-    _, _, xhat = _normalised(s, x, mean, var, _FIND_EPS)
-    return (xhat * _affine_b(s, scale) + _affine_b(s, bias)).reshape(-1)
-
-
-def _find(p: NormProblem, platform: str, repeats: int = 5) -> list[dict]:
-    """Times every supported algorithm for `p` (wall clock over rotating inputs) after checking
-    it against the jnp reference; plain dicts as the tuning cache stores them."""
-    dev = jax.devices("gpu" if platform == "cuda" else "cpu")[0]
-    rng = np.random.default_rng(0)
-    inputs = [_find_inputs(p, rng, dev) for _ in range(4)]
-    ref = np.asarray(_find_reference(p, inputs[0]), np.float64)
-    results = []
-    for info in norm_algorithms(p, platform):
-        base = dict(name=info.name, workspace_bytes=0, deterministic=info.deterministic)
-        if not info.supported:
-            results.append(dict(base, ok=False, time_s=float("inf"), error=float("nan"),
-                                reason=info.reason))
-            continue
-        fn = _find_call(p, info.name)
-        out = np.asarray(jax.jit(fn)(*inputs[0]), np.float64)
-        err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300))
-        if not err <= _FIND_TOL[p.dtype]:
-            results.append(dict(base, ok=False, time_s=float("inf"), error=err,
-                                reason=f"wrong result: relative error {err:.2e}"))
-            continue
-        results.append(dict(base, ok=True, time_s=algo_lib.time_jitted(fn, inputs, repeats),
-                            error=err, reason=""))
-    return sorted(results, key=lambda r: (not r["ok"], r["time_s"], r["name"]))
-
 
 _PRIMS = {"norm_fwd": norm_fwd_p, "norm_bwd": norm_bwd_p, "norm_tangent": norm_tangent_p,
           "norm_infer": norm_infer_p, "norm_infer_bwd": norm_infer_bwd_p,

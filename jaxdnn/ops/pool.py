@@ -18,11 +18,11 @@ into N.
 
 Every primitive carries ``algo`` (an algorithm forced by the caller, or None) and ``policy``
 (the jaxdnn.config policy at trace time); the algorithm is chosen from the platform's registry
-at lowering time (jaxdnn/algo.py: heuristic, forced or benchmark) and named in the custom call,
-as for convolutions and softmax. :func:`pool_algorithms` lists them: the GPU's forward
-"global", "tile", "strip" and "window" kernels and backward "gather"; the CPU's "window" and
-"gather". A forced ``algo=`` applies to the forward ops; derivatives that run the other
-direction choose their own.
+at lowering time (jaxdnn/selection, whose pool family is ``selection/pool.py``: heuristic,
+forced or benchmark) and named in the custom call, as for convolutions and softmax.
+:func:`pool_algorithms` lists them: the GPU's forward "global", "tile", "strip" and "window"
+kernels and backward "gather"; the CPU's "window" and "gather". A forced ``algo=`` applies to
+the forward ops; derivatives that run the other direction choose their own.
 
 The selected element of a window (where the gradient goes) is the first maximal one in window
 order, padding counting as -inf: the rule of ``jax.grad`` of ``lax.reduce_window`` max. So a
@@ -47,9 +47,9 @@ from jax.interpreters import ad, batching
 
 from .. import _checks, _ffi
 from .. import _config as config_lib
-from ..selection import core as algo_lib
+from ..selection import core
 
-__all__ = ["avg_pool", "global_avg_pool", "max_pool", "pool_algorithms"]
+__all__ = ["avg_pool", "global_avg_pool", "max_pool"]
 
 _CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
 _CHANNELS_FIRST = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
@@ -127,61 +127,9 @@ def _indexed_abstract(name, *, reads_y):
     return rule
 
 
-_FWD_OPS = ("max_fwd", "max_fwd_index", "avg_fwd")
-
-
-@dataclasses.dataclass(frozen=True)
-class PoolProblem:
-    """One pooling kernel call: `op` (max_fwd, max_fwd_index, avg_fwd: direction "fwd";
-    max_gather, max_scatter, avg_bwd: "bwd") on `spec`, operands of `dtype`."""
-
-    op: str
-    spec: PoolSpec
-    dtype: np.dtype
-    count_include_pad: bool = True
-    forced_algo: str | None = None
-    policy: tuple[bool, bool, int] = (False, False, -1)
-
-    @property
-    def direction(self) -> str:
-        return "fwd" if self.op in _FWD_OPS else "bwd"
-
-    def encode(self) -> list[int]:
-        """N, C, then in, out, window, stride, pad_lo, pad_hi (3 each; cc/pool/pool.h)."""
-        n, *spatial, c = self.spec.in_shape
-        k = 3 - len(spatial)
-        a = self.spec.attrs()
-        out = self.spec.out_shape[1:-1]
-        return [n, c, *(1,) * k, *spatial, *(1,) * k, *out, *a["window"], *a["stride"],
-                *a["pad_lo"], *a["pad_hi"]]
-
-    def describe(self) -> str:
-        return f"pool {self.op} {'x'.join(map(str, self.encode()))} {self.dtype.name}"
-
-    def key(self) -> str:
-        return (f"pool|{self.op}|{','.join(map(str, self.encode()))}|{self.dtype.name}|"
-                f"{int(self.count_include_pad)}")
-
-    def choose(self, platform: str) -> algo_lib.Choice:
-        return algo_lib.select_algorithm(
-            "pool", self.direction, pool_algorithms(self, platform), platform, self.forced_algo,
-            self.policy, self.key(), lambda: _find(self, platform))
-
-
-def pool_algorithms(problem: PoolProblem, platform: str | None = None):
-    """"Get" for pooling: the registry of `platform` for the problem's direction, with
-    applicability, in preference order."""
-    platform = algo_lib.platform_name(platform)
-    raw = _ffi.module_for(platform).pool_algorithms(problem.op, problem.encode(),
-                                                     problem.dtype.name,
-                                                     problem.count_include_pad)
-    return algo_lib.registry_infos(raw, problem.direction, platform)
-
-
-def _attrs(op, platform, ctx, *, spec, count_include_pad=True, algo, policy):
-    problem = PoolProblem(op, spec, np.dtype(ctx.avals_in[0].dtype), count_include_pad, algo,
-                          policy)
-    return dict(spec.attrs(count_include_pad), algo=problem.choose(platform).name)
+def _attrs(op, platform, ctx, **params):
+    choice = core.choose_for_call(_PRIMS[op], ctx.avals_in, params, platform)
+    return dict(params["spec"].attrs(params.get("count_include_pad", True)), algo=choice.name)
 
 
 def _define(name, abstract_eval, **kw):
@@ -195,85 +143,9 @@ pool_max_gather_p = _define("max_gather", _indexed_abstract("max_gather", reads_
 pool_max_scatter_p = _define("max_scatter", _indexed_abstract("max_scatter", reads_y=True))
 pool_avg_fwd_p = _define("avg_fwd", _unary_abstract("avg_fwd", reads_y=False))
 pool_avg_bwd_p = _define("avg_bwd", _unary_abstract("avg_bwd", reads_y=True))
-
-
-# Relative L2 error find allows against XLA's reduce_window, by dtype.
-_FIND_TOL = {np.dtype(jnp.float64): 1e-9, np.dtype(jnp.float32): 1e-5,
-             np.dtype(jnp.float16): 1e-2, np.dtype(jnp.bfloat16): 1e-2}
-
-
-def _lax_pool(p: PoolProblem, x):
-    """XLA's pooling of x (find's oracle for the forward ops), in float32 or wider."""
-    x = x.astype(jnp.promote_types(p.dtype, jnp.float32))
-    dims, strides = (1, *p.spec.window, 1), (1, *p.spec.stride, 1)
-    pads = ((0, 0), *p.spec.padding, (0, 0))
-    if p.op.startswith("max"):
-        return lax.reduce_window(x, -jnp.inf, lax.max, dims, strides, pads)
-    total = lax.reduce_window(x, 0.0, lax.add, dims, strides, pads)
-    if p.count_include_pad:
-        return total / np.prod(p.spec.window)
-    return total / lax.reduce_window(jnp.ones_like(x), 0.0, lax.add, dims, strides, pads)
-
-
-def _find_case(p: PoolProblem, x, c):
-    """(the problem's primitive on operands built from x and c, taking the algorithm name; the
-    operands; XLA's result) for find. The backward ops' oracles are the derivatives of
-    reduce_window (random data: no ties)."""
-    params = dict(spec=p.spec, policy=(False, False, -1))
-    if p.op == "avg_fwd":
-        return (lambda n, a: pool_avg_fwd_p.bind(a, count_include_pad=p.count_include_pad,
-                                                 algo=n, **params), (x,), _lax_pool(p, x))
-    if p.op in ("max_fwd", "max_fwd_index"):
-        prim = pool_max_fwd_p if p.op == "max_fwd" else pool_max_fwd_index_p
-        first = (lambda out: out) if p.op == "max_fwd" else (lambda out: out[0])
-        return (lambda n, a: first(prim.bind(a, algo=n, **params)), (x,), _lax_pool(p, x))
-    fwd = dataclasses.replace(p, op="max_fwd" if p.op.startswith("max") else "avg_fwd")
-    if p.op == "avg_bwd":
-        dy = c[tuple(slice(0, d) for d in p.spec.out_shape)]
-        ref = jax.linear_transpose(lambda a: _lax_pool(fwd, a), x.astype(
-            jnp.promote_types(p.dtype, jnp.float32)))(dy.astype(jnp.promote_types(p.dtype,
-                                                                                  jnp.float32)))
-        return (lambda n, a: pool_avg_bwd_p.bind(a, count_include_pad=p.count_include_pad,
-                                                 algo=n, **params), (dy,), ref[0])
-    _, idx = pool_max_fwd_index_p.bind(x, algo=None, **params)
-    if p.op == "max_gather":
-        t = c[tuple(slice(0, d) for d in p.spec.in_shape)]
-        ref = jax.jvp(lambda a: _lax_pool(fwd, a), (x,), (t,))[1]
-        return (lambda n, t, i: pool_max_gather_p.bind(t, i, algo=n, **params), (t, idx), ref)
-    dy = c[tuple(slice(0, d) for d in p.spec.out_shape)]
-    _, vjp = jax.vjp(lambda a: _lax_pool(fwd, a), x)
-    return (lambda n, d, i: pool_max_scatter_p.bind(d, i, algo=n, **params), (dy, idx),
-            vjp(dy.astype(jnp.promote_types(p.dtype, jnp.float32)))[0])
-
-
-def _find(p: PoolProblem, platform: str, repeats: int = 5) -> list[dict]:
-    """Times every supported algorithm for `p` (wall clock over rotating inputs) after checking
-    it against XLA; plain dicts as the tuning cache stores them."""
-    dev = jax.devices("gpu" if platform == "cuda" else "cpu")[0]
-    rng = np.random.default_rng(0)
-    big = tuple(max(a, b) for a, b in zip(p.spec.in_shape, p.spec.out_shape))
-    cases = [_find_case(p, *(jax.device_put(rng.standard_normal(shape).astype(p.dtype), dev)
-                             for shape in (p.spec.in_shape, big)))
-             for _ in range(4)]
-    ref = np.asarray(cases[0][2], np.float64)
-    inputs = [ops for _, ops, _ in cases]
-    results = []
-    for info in pool_algorithms(p, platform):
-        base = dict(name=info.name, workspace_bytes=0, deterministic=info.deterministic)
-        if not info.supported:
-            results.append(dict(base, ok=False, time_s=float("inf"), error=float("nan"),
-                                reason=info.reason))
-            continue
-        fn = functools.partial(cases[0][0], info.name)
-        out = np.asarray(jax.jit(fn)(*inputs[0]), np.float64)
-        err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300))
-        if not err <= _FIND_TOL[p.dtype]:
-            results.append(dict(base, ok=False, time_s=float("inf"), error=err,
-                                reason=f"wrong result: relative error {err:.2e}"))
-            continue
-        results.append(dict(base, ok=True, time_s=algo_lib.time_jitted(fn, inputs, repeats),
-                            error=err, reason=""))
-    return sorted(results, key=lambda r: (not r["ok"], r["time_s"], r["name"]))
+_PRIMS = {"max_fwd": pool_max_fwd_p, "max_fwd_index": pool_max_fwd_index_p,
+          "max_gather": pool_max_gather_p, "max_scatter": pool_max_scatter_p,
+          "avg_fwd": pool_avg_fwd_p, "avg_bwd": pool_avg_bwd_p}
 
 
 # Autodiff. max_fwd's tangent is the tangent at the selected element; gather and scatter are
@@ -356,8 +228,7 @@ def _batch_rule(prim):
     return rule
 
 
-for _prim in (pool_max_fwd_p, pool_max_fwd_index_p, pool_max_gather_p, pool_max_scatter_p,
-              pool_avg_fwd_p, pool_avg_bwd_p):
+for _prim in _PRIMS.values():
     batching.primitive_batchers[_prim] = _batch_rule(_prim)
 
 

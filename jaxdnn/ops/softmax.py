@@ -33,7 +33,7 @@ from jax.interpreters import ad, batching
 
 from .. import _checks, _ffi
 from .. import _config as config_lib
-from ..selection import core as selection
+from ..selection import core
 
 __all__ = ["log_softmax", "softmax"]
 
@@ -63,13 +63,13 @@ def _bwd_abstract_eval(y, c, *, kind, algo, policy):
 # The choice is made (and a forced algorithm checked) on every platform; the CPU handler has
 # one kernel, so only the GPU's custom call names it.
 def _fwd_attrs(platform, ctx, **params):
-    name = selection.choose_for_call(softmax_fwd_p, ctx.avals_in, params, platform).name
+    name = core.choose_for_call(softmax_fwd_p, ctx.avals_in, params, platform).name
     log = params["log"]
     return dict(log=log) if platform == "cpu" else dict(log=log, algo=name)
 
 
 def _bwd_attrs(platform, ctx, **params):
-    name = selection.choose_for_call(softmax_bwd_p, ctx.avals_in, params, platform).name
+    name = core.choose_for_call(softmax_bwd_p, ctx.avals_in, params, platform).name
     kind = _KINDS.index(params["kind"])
     return dict(kind=kind) if platform == "cpu" else dict(kind=kind, algo=name)
 

@@ -237,7 +237,7 @@ def _rel_l2(out, ref) -> float:
 def _find(problem: ConvProblem, platform: str, repeats: int) -> list[FindResult]:
     direction, spec, dtype, out_dtype = (problem.direction, problem.spec, problem.dtype,
                                          problem.out_dtype)
-    dev = jax.devices("gpu" if platform == "cuda" else "cpu")[0]
+    dev = core.find_device(platform)
     a_shape, b_shape, _ = _shapes(direction, spec)
     rng = np.random.default_rng(0)
     nbytes = (np.prod(a_shape) + np.prod(b_shape)) * np.dtype(dtype).itemsize

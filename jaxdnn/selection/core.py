@@ -238,6 +238,37 @@ def time_jitted(fn, inputs, repeats: int, clock=time.perf_counter) -> float:
     return float(np.median(times))
 
 
+def find_device(platform: str):
+    """The current device of registry platform `platform`, where find runs."""
+    return jax.devices("gpu" if platform == "cuda" else "cpu")[0]
+
+
+def find_checked(infos: list[AlgoInfo], call, inputs, ref, tol: float,
+                 repeats: int) -> list[dict]:
+    """Find for a family whose kernels are checked against a reference and timed by the wall
+    clock: every algorithm of `infos` (the registry's listing), as the tuning cache stores it,
+    the fastest first. A supported algorithm runs as ``call(name)(*inputs[0])``, must be within
+    relative L2 error `tol` of `ref`, and is timed over the rotating `inputs` (time_jitted)."""
+    ref = np.asarray(ref, np.float64)
+    results = []
+    for info in infos:
+        base = dict(name=info.name, workspace_bytes=0, deterministic=info.deterministic)
+        if not info.supported:
+            results.append(dict(base, ok=False, time_s=float("inf"), error=float("nan"),
+                                reason=info.reason))
+            continue
+        fn = call(info.name)
+        out = np.asarray(jax.jit(fn)(*inputs[0]), np.float64)
+        err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300))
+        if not err <= tol:
+            results.append(dict(base, ok=False, time_s=float("inf"), error=err,
+                                reason=f"wrong result: relative error {err:.2e}"))
+            continue
+        results.append(dict(base, ok=True, time_s=time_jitted(fn, inputs, repeats), error=err,
+                            reason=""))
+    return sorted(results, key=lambda r: (not r["ok"], r["time_s"], r["name"]))
+
+
 def registry_infos(raw: list[dict], direction: str, platform: str) -> list[AlgoInfo]:
     """AlgoInfo from a C++ registry's dicts that are already in preference order."""
     supported = [r for r in raw if r["supported"]]

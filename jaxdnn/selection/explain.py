@@ -51,7 +51,7 @@ class Explanation:
     function runs, and why."""
 
     direction: str
-    problem: object  # the family's problem, e.g. a ConvProblem or a SoftmaxProblem
+    problem: object  # the family's problem, e.g. a ConvProblem or a NormProblem
     algo: str
     reason: str
     workspace_bytes: int
@@ -73,9 +73,9 @@ class Explained(list):
 
 def explain(fn, *args, platform: str | None = None, **kwargs) -> Explained:
     """Lists every jaxdnn kernel call in ``fn(*args, **kwargs)`` (traced as ``jax.jit``
-    would): convolutions and softmax, with the algorithm that runs on `platform`, why
-    (heuristic, cached or measured benchmark, forced, and what the deterministic / workspace
-    policy excluded) and its workspace."""
+    would): convolutions, softmax, norms and pooling, with the algorithm that runs on
+    `platform`, why (heuristic, cached or measured benchmark, forced, and what the
+    deterministic / workspace policy excluded) and its workspace."""
     plat = core.platform_name(platform)
     out = Explained()
     for family, p in traced_problems(fn, args, kwargs):

@@ -68,7 +68,7 @@ def _reference(p: SoftmaxProblem, a, b):
 def _find(p: SoftmaxProblem, platform: str, repeats: int = 5) -> list[dict]:
     """Times every supported algorithm for `p` (wall clock over rotating inputs) after checking
     it against XLA; plain dicts as the tuning cache stores them."""
-    dev = jax.devices("gpu" if platform == "cuda" else "cpu")[0]
+    dev = core.find_device(platform)
     rng = np.random.default_rng(0)
     shape = (p.rows, p.cols)
     rotate = 4
@@ -77,29 +77,16 @@ def _find(p: SoftmaxProblem, platform: str, repeats: int = 5) -> list[dict]:
     if p.direction == "bwd" and p.op.startswith("log"):  # y is a log-probability there
         inputs = [(jax.nn.log_softmax(a.astype(jnp.promote_types(p.dtype, jnp.float32)))
                    .astype(p.dtype), b) for a, b in inputs]
-    ref = np.asarray(_reference(p, *inputs[0]), np.float64)
-    results = []
-    for info in softmax_algorithms(p, platform):
-        base = dict(name=info.name, workspace_bytes=0, deterministic=info.deterministic)
-        if not info.supported:
-            results.append(dict(base, ok=False, time_s=float("inf"), error=float("nan"),
-                                reason=info.reason))
-            continue
+
+    def call(name):
         if p.direction == "fwd":
-            fn = lambda a, b, n=info.name: softmax_fwd_p.bind(  # noqa: E731
-                a, log=p.op == "log_softmax", algo=n, policy=(False, False, -1))
-        else:
-            fn = lambda a, b, n=info.name: softmax_bwd_p.bind(  # noqa: E731
-                a, b, kind=p.op, algo=n, policy=(False, False, -1))
-        out = np.asarray(jax.jit(fn)(*inputs[0]), np.float64)
-        err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300))
-        if not err <= _FIND_TOL[p.dtype]:
-            results.append(dict(base, ok=False, time_s=float("inf"), error=err,
-                                reason=f"wrong result: relative error {err:.2e}"))
-            continue
-        results.append(dict(base, ok=True, time_s=core.time_jitted(fn, inputs, repeats),
-                            error=err, reason=""))
-    return sorted(results, key=lambda r: (not r["ok"], r["time_s"], r["name"]))
+            return lambda a, b: softmax_fwd_p.bind(a, log=p.op == "log_softmax", algo=name,
+                                                   policy=(False, False, -1))
+        return lambda a, b: softmax_bwd_p.bind(a, b, kind=p.op, algo=name,
+                                               policy=(False, False, -1))
+
+    return core.find_checked(softmax_algorithms(p, platform), call, inputs,
+                             _reference(p, *inputs[0]), _FIND_TOL[p.dtype], repeats)
 
 
 class SoftmaxFamily:
