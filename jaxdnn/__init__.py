@@ -14,6 +14,7 @@ from .ops import pool as _pool
 from .ops import softmax as _softmax
 from .ops.activation import *  # noqa: F403
 from ._config import config
+from ._patch import use_jaxdnn
 from .ops.conv import ConvSpec, conv, conv_general_dilated, conv_transpose
 from .ops.norm import *  # noqa: F403
 from .ops.pool import *  # noqa: F403
@@ -70,4 +71,5 @@ __all__ = [
     "norm_algorithms",
     "pool_algorithms",
     "softmax_algorithms",
+    "use_jaxdnn",
 ]

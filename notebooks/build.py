@@ -157,6 +157,160 @@ with jaxdnn.config(deterministic=True):
 except ValueError as e:
     print(e)"""),
     ],
+    "04_flax_equinox": [
+        ("md", """# Flax and equinox models on jaxdnn
+
+`jaxdnn.flax` (linen), `jaxdnn.flax.nnx` and `jaxdnn.equinox` hold modules that subclass the
+stock ones of the same name: same constructor, same variables and dtype promotion, only the
+kernels are jaxdnn's. A model switches by changing the module namespace, and checkpoints move
+both ways. This notebook trains a small flax ResNet and an equinox CNN on the bundled 8x8
+digits with each, from one initialisation, and compares them."""),
+        ("code", """import time
+import jax, jax.numpy as jnp, numpy as np, optax
+import flax.linen as nn
+import equinox as eqx
+import jaxdnn, jaxdnn.flax, jaxdnn.equinox
+from jaxdnn.examples.data import load_digits
+
+data = load_digits()
+batches = [(data.x_train[i:i + 128], data.y_train[i:i + 128])
+           for i in range(0, len(data.x_train) - 127, 128)]
+print(data.x_train.shape, len(batches), "batches per epoch")"""),
+        ("md", """## A flax ResNet
+The model takes its layer namespace as an argument: `nn` for stock flax, `jaxdnn.flax` for
+jaxdnn (`Dense` and `relu` stay flax's)."""),
+        ("code", """class ResNet(nn.Module):
+    layers: object  # nn or jaxdnn.flax
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        L = self.layers
+        bn = lambda: L.BatchNorm(use_running_average=not train, momentum=0.9)
+        x = nn.relu(bn()(L.Conv(16, (3, 3), use_bias=False)(x)))
+        for width, stride in [(16, 1), (32, 2)]:
+            h = nn.relu(bn()(L.Conv(width, (3, 3), strides=stride, use_bias=False)(x)))
+            h = bn()(L.Conv(width, (3, 3), use_bias=False)(h))
+            if stride != 1:
+                x = bn()(L.Conv(width, (1, 1), strides=stride, use_bias=False)(x))
+            x = nn.relu(x + h)
+        return nn.Dense(10)(L.LayerNorm()(x.mean((1, 2))))
+
+def train_flax(model, variables, epochs=3):
+    tx = optax.adam(3e-3)
+    params, stats = variables["params"], variables["batch_stats"]
+    opt = tx.init(params)
+
+    @jax.jit
+    def step(params, stats, opt, x, y):
+        def loss(p):
+            logits, upd = model.apply({"params": p, "batch_stats": stats}, x, train=True,
+                                      mutable=["batch_stats"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), upd
+        (value, upd), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        updates, opt = tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), upd["batch_stats"], opt, value
+
+    losses = []
+    for _ in range(epochs):
+        for x, y in batches:
+            params, stats, opt, value = step(params, stats, opt, x, y)
+            losses.append(float(value))
+    logits = model.apply({"params": params, "batch_stats": stats}, data.x_test, train=False)
+    return losses, float((logits.argmax(-1) == data.y_test).mean()), {"params": params,
+                                                                       "batch_stats": stats}
+
+stock, ours = ResNet(nn), ResNet(jaxdnn.flax)
+variables = stock.init(jax.random.key(0), data.x_train[:2], train=False)
+# The stock checkpoint is the adapter's: same tree, names, shapes and dtypes.
+assert jax.tree.structure(variables) == jax.tree.structure(
+    ours.init(jax.random.key(0), data.x_train[:2], train=False))
+runs = {}
+for name, model in [("flax", stock), ("jaxdnn.flax", ours)]:
+    t0 = time.perf_counter()
+    runs[name] = train_flax(model, variables)
+    print(f"{name:12s} final loss {runs[name][0][-1]:.4f}  test accuracy {runs[name][1]:.3f}  "
+          f"({time.perf_counter() - t0:.1f} s with compilation)")
+print("max |loss difference| over", len(runs["flax"][0]), "steps:",
+      max(abs(a - b) for a, b in zip(runs["flax"][0], runs["jaxdnn.flax"][0])))"""),
+        ("md", "The trained jaxdnn variables evaluate in the stock model (and the other way):"),
+        ("code", """trained = runs["jaxdnn.flax"][2]
+a = stock.apply(trained, data.x_test, train=False)
+b = ours.apply(trained, data.x_test, train=False)
+print("max |stock - jaxdnn| on the test logits:", float(jnp.max(jnp.abs(a - b))))
+print([line for line in str(jax.make_jaxpr(lambda v: ours.apply(v, data.x_test, train=False))(
+    trained)).split() if line.startswith("jaxdnn_")][:4])"""),
+        ("md", """## An equinox CNN
+Equinox layers take one example; the batch is a `jax.vmap`, with `axis_name` for the batch
+norm's statistics, which live in an `eqx.nn.State`."""),
+        ("code", """class CNN(eqx.Module):
+    convs: list
+    norms: list
+    head: eqx.nn.Linear
+
+    def __init__(self, layers, key):
+        k = jax.random.split(key, 3)
+        self.convs = [layers.Conv(2, 1, 16, 3, padding=1, key=k[0]),
+                      layers.Conv(2, 16, 32, 3, stride=2, padding=1, key=k[1])]
+        self.norms = [layers.BatchNorm(c, axis_name="batch", momentum=0.9, mode="batch") for c in (16, 32)]
+        self.head = eqx.nn.Linear(32, 10, key=k[2])
+
+    def __call__(self, x, state):
+        for conv, norm in zip(self.convs, self.norms):
+            x, state = norm(conv(x), state)
+            x = jax.nn.relu(x)
+        return self.head(x.mean((1, 2))), state
+
+def train_eqx(model, state, epochs=3):
+    tx = optax.adam(1e-2)
+    opt = tx.init(eqx.filter(model, eqx.is_inexact_array))
+
+    def loss(model, state, x, y):
+        logits, state = jax.vmap(model, in_axes=(0, None), out_axes=(0, None),
+                                 axis_name="batch")(x, state)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), state
+
+    @eqx.filter_jit
+    def step(model, state, opt, x, y):
+        (value, state), grads = eqx.filter_value_and_grad(loss, has_aux=True)(model, state, x, y)
+        updates, opt = tx.update(grads, opt, model)
+        return eqx.apply_updates(model, updates), state, opt, value
+
+    losses = []
+    for _ in range(epochs):
+        for x, y in batches:
+            model, state, opt, value = step(model, state, opt, x.transpose(0, 3, 1, 2), y)
+            losses.append(float(value))
+    test = jax.vmap(eqx.nn.inference_mode(model), in_axes=(0, None), out_axes=(0, None),
+                    axis_name="batch")(data.x_test.transpose(0, 3, 1, 2), state)[0]
+    return losses, float((test.argmax(-1) == data.y_test).mean())
+
+stock_model, state = eqx.nn.make_with_state(CNN)(eqx.nn, jax.random.key(0))
+template, _ = eqx.nn.make_with_state(CNN)(jaxdnn.equinox, jax.random.key(0))
+# Same fields, so the stock model's leaves load into the jaxdnn one.
+our_model = jax.tree.unflatten(jax.tree.structure(template), jax.tree.leaves(stock_model))
+eqx_runs = {}
+for name, model in [("equinox", stock_model), ("jaxdnn.equinox", our_model)]:
+    t0 = time.perf_counter()
+    eqx_runs[name] = train_eqx(model, state)
+    print(f"{name:15s} final loss {eqx_runs[name][0][-1]:.4f}  test accuracy "
+          f"{eqx_runs[name][1]:.3f}  ({time.perf_counter() - t0:.1f} s with compilation)")
+print("max |loss difference|:", max(abs(a - b) for a, b in zip(eqx_runs["equinox"][0],
+                                                              eqx_runs["jaxdnn.equinox"][0])))"""),
+        ("md", """## Stock code unchanged: `jaxdnn.use_jaxdnn()`
+Inside the block `jax.lax.conv_general_dilated` and `jax.lax.conv_transpose` are jaxdnn's, so
+stock modules that call them (flax's `nn.Conv` and `nn.ConvTranspose`, equinox's convolutions)
+trace to jaxdnn's kernels. JAX's caches are cleared on entry and exit: a function jitted
+before the block would otherwise keep its lax convolutions, and one jitted inside would keep
+jaxdnn's afterwards."""),
+        ("code", """up = nn.ConvTranspose(8, (3, 3), strides=(2, 2))
+v = up.init(jax.random.key(0), data.x_test[:4])
+apply = jax.jit(up.apply)
+lax_out = apply(v, data.x_test[:4])
+with jaxdnn.use_jaxdnn():
+    print(jaxdnn.explain(apply, v, data.x_test[:4]))
+    ours_out = apply(v, data.x_test[:4])
+print("max |difference|:", float(jnp.max(jnp.abs(lax_out - ours_out))))"""),
+    ],
 }
 
 

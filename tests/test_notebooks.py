@@ -18,7 +18,8 @@ NOTEBOOKS = sorted(glob.glob(os.path.join(NOTEBOOK_DIR, "*.ipynb")))
 
 def test_notebooks_are_committed():
     names = {os.path.basename(p) for p in NOTEBOOKS}
-    assert {"01_quickstart.ipynb", "02_train_cnn.ipynb", "03_algorithms.ipynb"} <= names
+    assert {"01_quickstart.ipynb", "02_train_cnn.ipynb", "03_algorithms.ipynb",
+            "04_flax_equinox.ipynb"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
