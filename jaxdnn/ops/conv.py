@@ -132,23 +132,29 @@ def _bind(direction, a, b, *, spec, algo, out_dtype, policy):
 #   <ct, fwd(x, w)>        = <bwd_data(ct, w), x>   = <bwd_filter(x, ct), w>
 #   <ct, bwd_data(dy, w)>  = <fwd(ct, w), dy>       = <bwd_filter(ct, dy), w>
 #   <ct, bwd_filter(x, dy)> = <bwd_data(dy, ct), x> = <fwd(x, ct), dy>
-# The cotangent is cast to the operands' dtype (they share one), so mixed-precision outputs
-# (bf16 in, f32 out) transpose into bf16 kernels.
+# A cotangent wider than the operands (bf16 in, f32 out: a float32 cotangent) is not rounded to
+# their dtype: as in lax, the known operand is widened to the cotangent's dtype, the transpose
+# computes and accumulates in it, and only its result is rounded to the operands' dtype. The
+# widened problem keeps the spec's TF32 flag, which is False for 16-bit operands, so float32
+# tensor-core kernels keep float32 accuracy (3xTF32).
 
 def _transpose_rule(direction, which):
     def rule(ct, a, b, *, spec, algo, out_dtype, policy):
-        dt = a.aval.dtype if ad.is_undefined_primal(a) else b.aval.dtype
-        ct = lax.convert_element_type(ct, dt)
-        kw = dict(spec=spec, algo=algo, out_dtype=dt, policy=policy)
+        known = b if which == 0 else a
+        dt = known.dtype  # the operands share one dtype
+        wide = jnp.promote_types(ct.dtype, dt)
+        ct, known = ct.astype(wide), known.astype(wide)
+        kw = dict(spec=spec, algo=algo, out_dtype=wide, policy=policy)
         if direction == "fwd":  # a = x, b = w
-            return (_bind("bwd_data", ct, b, **kw) if which == 0 else
-                    _bind("bwd_filter", a, ct, **kw))
-        if direction == "bwd_data":  # a = dy, b = w
-            return (_bind("fwd", ct, b, **kw) if which == 0 else
-                    _bind("bwd_filter", ct, a, **kw))
-        # bwd_filter: a = x, b = dy
-        return (_bind("bwd_data", b, ct, **kw) if which == 0 else
-                _bind("fwd", a, ct, **kw))
+            out = (_bind("bwd_data", ct, known, **kw) if which == 0 else
+                   _bind("bwd_filter", known, ct, **kw))
+        elif direction == "bwd_data":  # a = dy, b = w
+            out = (_bind("fwd", ct, known, **kw) if which == 0 else
+                   _bind("bwd_filter", ct, known, **kw))
+        else:  # bwd_filter: a = x, b = dy
+            out = (_bind("bwd_data", known, ct, **kw) if which == 0 else
+                   _bind("fwd", known, ct, **kw))
+        return out.astype(dt)
     return rule
 
 
