@@ -32,6 +32,7 @@ import numpy as np
 from jax import lax
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import _checks, _ffi
 from .. import _config as config_lib
@@ -481,21 +482,55 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
 # Public API
 # ----------------------------------------------------------------------------------------------
 
+def _constrain_sharding(y, out_sharding, api: str):
+    """`y` with the sharding `out_sharding` (None: unchanged), as lax's ``out_sharding``: a
+    NamedSharding, or a PartitionSpec of the mesh in context (``jax.set_mesh``). A spec over
+    Explicit mesh axes reshards (the sharding becomes part of the result's type, as in lax);
+    over Auto axes, which lax rejects, it is a ``with_sharding_constraint``."""
+    if out_sharding is None:
+        return y
+    if isinstance(out_sharding, NamedSharding):
+        if out_sharding.mesh.empty:  # lax's canonicalize_sharding: no mesh, no constraint
+            return y
+        mesh = out_sharding.mesh
+    elif isinstance(out_sharding, PartitionSpec):
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            raise ValueError(f"{api}: `out_sharding` {out_sharding} is a PartitionSpec, which "
+                             "needs a mesh in context (jax.set_mesh); pass a NamedSharding "
+                             "instead")
+    else:
+        raise TypeError(f"{api}: `out_sharding` must be None, a jax.sharding.NamedSharding or a "
+                        f"PartitionSpec, got {out_sharding!r} of type {type(out_sharding)}")
+    spec = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
+    names = {n for entry in spec if entry is not None and entry is not PartitionSpec.UNCONSTRAINED
+             for n in ((entry,) if isinstance(entry, str) else entry)}
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    if any(types.get(n) == jax.sharding.AxisType.Explicit for n in names):
+        return jax.sharding.reshard(y, out_sharding)
+    return jax.lax.with_sharding_constraint(y, out_sharding)
+
+
 def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding,
                          lhs_dilation: Sequence[int] | None = None,
                          rhs_dilation: Sequence[int] | None = None, dimension_numbers=None,
                          feature_group_count: int = 1, batch_group_count: int = 1,
-                         precision=None, preferred_element_type=None, *, algo=None):
+                         precision=None, preferred_element_type=None, out_sharding=None, *,
+                         algo=None):
     """Drop-in for :func:`jax.lax.conv_general_dilated`, running jaxdnn's kernels.
 
-    Every argument has lax's meaning (negative padding included); for float32, ``precision``
-    below HIGHEST lets tensor-core algorithms round operands to TF32, as XLA:GPU does.
-    ``algo`` (jaxdnn only) forces an algorithm: one name for all three directions, or a dict
-    such as ``{"fwd": "direct"}``.
+    Every argument of lax's is accepted with lax's meaning (negative padding included); for
+    float32, ``precision`` below HIGHEST lets tensor-core algorithms round operands to TF32, as
+    XLA:GPU does. ``out_sharding`` (a NamedSharding, or a PartitionSpec of the mesh in
+    context) gives the result that sharding; over Auto mesh axes, which lax rejects, it
+    constrains the result like ``jax.lax.with_sharding_constraint``. ``algo`` (jaxdnn only)
+    forces an algorithm: one name for all three directions, or a dict such as
+    ``{"fwd": "direct"}``.
     """
-    return _conv_core(lhs, rhs, dimension_numbers, window_strides, padding, lhs_dilation,
-                      rhs_dilation, feature_group_count, batch_group_count, precision,
-                      preferred_element_type, algo, _LAX_NAMES, allow_negative_padding=True)
+    y = _conv_core(lhs, rhs, dimension_numbers, window_strides, padding, lhs_dilation,
+                   rhs_dilation, feature_group_count, batch_group_count, precision,
+                   preferred_element_type, algo, _LAX_NAMES, allow_negative_padding=True)
+    return _constrain_sharding(y, out_sharding, _LAX_NAMES.api)
 
 
 def _layouts(layout, ndim, api):
