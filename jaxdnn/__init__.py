@@ -42,11 +42,33 @@ def build_info() -> dict:
         "cuda_architectures": _build_config.CUDA_ARCHITECTURES,
         "cuda_compiler_version": _build_config.CUDA_COMPILER_VERSION or None,
         "ffi_api_version": tuple(_ffi._cpu.ffi_api_version()),
+        "ffi_version": _ffi.FFI_VERSION,
+        "ffi_targets": _ffi.TARGETS,
         "built_with_jax": _build_config.BUILD_JAX_VERSION,
         "built_with_jaxlib": _build_config.BUILD_JAXLIB_VERSION,
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
     }
+
+
+def export_safety_checks() -> list:
+    """The safety checks :func:`jax.export.export` must skip to serialize a function that uses
+    jaxdnn: one ``jax.export.DisabledSafetyCheck.custom_call`` per jaxdnn FFI target::
+
+        exported = jax.export.export(jax.jit(f),
+                                     disabled_checks=jaxdnn.export_safety_checks())(*args)
+        restored = jax.export.deserialize(exported.serialize())  # then restored.call(*args)
+
+    jax guarantees compatibility only for its own custom calls. jaxdnn's targets are named
+    ``jaxdnn_<op>_v<N>``, with ``N`` the version of their operands and attributes
+    (``build_info()["ffi_version"]``, ``build_info()["ffi_targets"]``): a serialized function
+    runs under any jaxdnn of the same version, which must be imported (it registers the
+    targets) before the function is called; under another version its custom calls have no
+    implementation and compiling it fails.
+    """
+    import jax
+
+    return [jax.export.DisabledSafetyCheck.custom_call(t) for t in _ffi.TARGETS]
 
 
 __all__ = [
@@ -67,6 +89,7 @@ __all__ = [
     "conv_problems",
     "conv_transpose",
     "explain",
+    "export_safety_checks",
     "find_conv_algorithms",
     "norm_algorithms",
     "pool_algorithms",

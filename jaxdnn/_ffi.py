@@ -24,16 +24,37 @@ except ImportError:  # built without CUDA
 
 PLATFORMS = ("cpu", "cuda")
 
+# The version of every FFI target's operands, results and attributes, defined once in
+# cc/ffi/handlers.h (JAXDNN_FFI_VERSION): each target is registered, and lowered, as
+# "jaxdnn_<name>_v<FFI_VERSION>", so a program exported against another version fails to load
+# instead of passing its handlers the wrong arguments.
+FFI_VERSION = _cpu.ffi_version()
+if _cuda is not None and _cuda.ffi_version() != FFI_VERSION:
+    raise ImportError(
+        f"jaxdnn: the CUDA module has FFI version {_cuda.ffi_version()} but the CPU module "
+        f"{FFI_VERSION}; they come from different builds. Rebuild jaxdnn.")
 
-def _register_all() -> None:
+
+def target_name(name: str) -> str:
+    """The registered name of the FFI target `name` ("jaxdnn_<family>_<what>")."""
+    return f"{name}_v{FFI_VERSION}"
+
+
+def _register_all() -> tuple[str, ...]:
+    """Registers every target of the built modules; returns their names."""
+    names = set()
     for name, capsule in _cpu.registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+        names.add(name)
     if _cuda is not None:
         for name, capsule in _cuda.registrations().items():
             jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+            names.add(name)
+    return tuple(sorted(names))
 
 
-_register_all()
+# Every registered (versioned) target name, on any platform.
+TARGETS = _register_all()
 
 
 def module_for(platform: str):
@@ -70,9 +91,11 @@ WORKSPACE = "__workspace_bytes__"
 
 
 def lowering(target: str, attrs_fn):
-    """Builds a per-platform lowering rule for `target`. ``attrs_fn(platform, ctx, **params)``
-    returns the handler attributes, plus optionally ``WORKSPACE`` (it may raise a Python error,
-    which surfaces at trace time)."""
+    """Builds a per-platform lowering rule for `target` (its unversioned name: the rule calls
+    ``target_name(target)``). ``attrs_fn(platform, ctx, **params)`` returns the handler
+    attributes, plus optionally ``WORKSPACE`` (it may raise a Python error, which surfaces at
+    trace time)."""
+    registered = target_name(target)
 
     def make(platform: str):
         def rule(ctx, *args, **params):
@@ -81,10 +104,10 @@ def lowering(target: str, attrs_fn):
             workspace = attrs.pop(WORKSPACE, None)
             attrs = {k: attr(v) for k, v in attrs.items()}
             if workspace is None:
-                return jax.ffi.ffi_lowering(target)(ctx, *args, **attrs)
+                return jax.ffi.ffi_lowering(registered)(ctx, *args, **attrs)
             scratch = jax.core.ShapedArray((int(workspace),), np.uint8)
             ctx = ctx.replace(avals_out=[*ctx.avals_out, scratch])
-            return jax.ffi.ffi_lowering(target)(ctx, *args, **attrs)[:-1]
+            return jax.ffi.ffi_lowering(registered)(ctx, *args, **attrs)[:-1]
 
         return rule
 

@@ -23,7 +23,7 @@ import jaxdnn
 
 from problems import CORRECTNESS_GRID, NHWC, channels_last
 from util import (DTYPES, PLATFORMS, assert_close, by_base, device, error_growth,
-                  needs_cuda_module, on, rand)
+                  needs_cuda_module, on, rand, rel_l2)
 
 
 def _registered(platform):
@@ -106,6 +106,34 @@ def test_preferred_element_type_float32(dtype, platform):
     assert y.dtype == jnp.float32
     ref = _ref_all(case, x, w, np.ones(y.shape))[0]
     assert_close(y, ref, jnp.float32)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_mixed_precision_gradient_is_as_accurate_as_lax(platform):
+    """bfloat16 operands with a float32 result: the float32 cotangent is not rounded to
+    bfloat16 before the backward kernels, so dx and dw (bfloat16) err against float64 no more
+    than lax's, which computes the transposes in float32."""
+    rng = np.random.default_rng(11)
+    x = rand(rng, (4, 12, 12, 16), jnp.bfloat16)
+    w = rand(rng, (3, 3, 16, 24), jnp.bfloat16)
+    ct = rand(rng, (4, 6, 6, 24), jnp.float32)
+    kw = dict(window_strides=(2, 2), padding="SAME", dimension_numbers=NHWC)
+
+    def grads(conv, x, w, ct, preferred):
+        y, vjp = jax.vjp(partial(conv, **kw, preferred_element_type=preferred), x, w)
+        return vjp(ct.astype(y.dtype))
+
+    cpu = jax.devices("cpu")[0]
+    ref = grads(lax.conv_general_dilated, *(jax.device_put(np.asarray(a, np.float64), cpu)
+                                             for a in (x, w, ct)), None)
+    args = on(platform, x, w, ct)
+    ours = jax.jit(partial(grads, jaxdnn.conv_general_dilated, preferred=jnp.float32))(*args)
+    theirs = jax.jit(partial(grads, lax.conv_general_dilated, preferred=jnp.float32))(*args)
+    for name, o, t, r in zip(("dx", "dw"), ours, theirs, ref):
+        assert o.dtype == jnp.bfloat16, (name, o.dtype)
+        err, lax_err = rel_l2(o, r), rel_l2(t, r)
+        assert err <= 1.1 * lax_err, f"{name}: relative L2 error {err:.3e}, lax {lax_err:.3e}"
+        assert_close(o, r, jnp.bfloat16, k=9 * 24 if name == "dx" else 4 * 6 * 6, what=name)
 
 
 def test_preferred_element_type_float64_from_float32():

@@ -20,7 +20,7 @@ import pytest
 from jax import lax
 
 import jaxdnn
-from jaxdnn import _config
+from jaxdnn import _config, _ffi
 from jaxdnn.ops.norm import NormShape
 from jaxdnn.ops.pool import PoolSpec
 from jaxdnn.selection import cache, core
@@ -585,8 +585,9 @@ def _lowered_algos(fn, *args):
 
     text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     found = {}
-    for target, name in re.findall(r"custom_call @(jaxdnn_conv_\w+)\(.*?algo = \"([\w.]+)\"", text):
-        found.setdefault(target.removeprefix("jaxdnn_conv_"), []).append(name)
+    call = rf"custom_call @jaxdnn_conv_(\w+)_v{_ffi.FFI_VERSION}\(.*?algo = \"([\w.]+)\""
+    for direction, name in re.findall(call, text):
+        found.setdefault(direction, []).append(name)
     return found
 
 

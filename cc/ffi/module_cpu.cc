@@ -21,6 +21,7 @@ norm::Shape norm_shape(const std::vector<int64_t>& shape) {  // (P, A, C, K, T, 
 
 NB_MODULE(_cpu, m) {
   m.def("registrations", [] { return ffi_util::to_registrations(ffi_util::cpu_handlers()); });
+  m.def("ffi_version", [] { return JAXDNN_FFI_VERSION; });
   // Workspace bytes of the norm kernels for a canonical shape (P, A, C, K, T, Q) and the dtype
   // of x: the single definition (cc/norm/norm.h), which jaxdnn/ops/norm.py sizes outputs by.
   m.def(

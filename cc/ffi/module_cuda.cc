@@ -20,6 +20,7 @@ ffi_util::HandlerList& ffi_util::cuda_handlers() {
 
 NB_MODULE(_cuda, m) {
   m.def("registrations", [] { return ffi_util::to_registrations(ffi_util::cuda_handlers()); });
+  m.def("ffi_version", [] { return JAXDNN_FFI_VERSION; });
   m.def(
       "conv_algorithms",
       [](int direction, std::vector<int64_t> problem, std::string in_dtype, std::string out_dtype,

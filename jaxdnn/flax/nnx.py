@@ -7,7 +7,6 @@ promotion (``promote_dtype``), so states move between the stock module and the a
 
 from __future__ import annotations
 
-import jax
 from jax import lax
 
 from ..ops.conv import conv_general_dilated
@@ -19,17 +18,10 @@ nnx = require("flax.nnx", "jaxdnn.flax.nnx")
 __all__ = ["BatchNorm", "Conv"]
 
 
-def _conv_general_dilated(*args, out_sharding=None, **kwargs):
-    """:func:`jaxdnn.conv_general_dilated` taking the ``out_sharding`` nnx passes (None, or
-    the sharding to reshard the result to)."""
-    y = conv_general_dilated(*args, **kwargs)
-    return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
-
-
 class Conv(nnx.Conv):
     """``flax.nnx.Conv`` on :func:`jaxdnn.conv_general_dilated` (nnx's own argument)."""
 
-    def __init__(self, *args, conv_general_dilated=_conv_general_dilated, **kwargs):
+    def __init__(self, *args, conv_general_dilated=conv_general_dilated, **kwargs):
         super().__init__(*args, conv_general_dilated=conv_general_dilated, **kwargs)
 
 

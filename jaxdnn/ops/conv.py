@@ -32,6 +32,7 @@ import numpy as np
 from jax import lax
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import _checks, _ffi
 from .. import _config as config_lib
@@ -132,23 +133,29 @@ def _bind(direction, a, b, *, spec, algo, out_dtype, policy):
 #   <ct, fwd(x, w)>        = <bwd_data(ct, w), x>   = <bwd_filter(x, ct), w>
 #   <ct, bwd_data(dy, w)>  = <fwd(ct, w), dy>       = <bwd_filter(ct, dy), w>
 #   <ct, bwd_filter(x, dy)> = <bwd_data(dy, ct), x> = <fwd(x, ct), dy>
-# The cotangent is cast to the operands' dtype (they share one), so mixed-precision outputs
-# (bf16 in, f32 out) transpose into bf16 kernels.
+# A cotangent wider than the operands (bf16 in, f32 out: a float32 cotangent) is not rounded to
+# their dtype: as in lax, the known operand is widened to the cotangent's dtype, the transpose
+# computes and accumulates in it, and only its result is rounded to the operands' dtype. The
+# widened problem keeps the spec's TF32 flag, which is False for 16-bit operands, so float32
+# tensor-core kernels keep float32 accuracy (3xTF32).
 
 def _transpose_rule(direction, which):
     def rule(ct, a, b, *, spec, algo, out_dtype, policy):
-        dt = a.aval.dtype if ad.is_undefined_primal(a) else b.aval.dtype
-        ct = lax.convert_element_type(ct, dt)
-        kw = dict(spec=spec, algo=algo, out_dtype=dt, policy=policy)
+        known = b if which == 0 else a
+        dt = known.dtype  # the operands share one dtype
+        wide = jnp.promote_types(ct.dtype, dt)
+        ct, known = ct.astype(wide), known.astype(wide)
+        kw = dict(spec=spec, algo=algo, out_dtype=wide, policy=policy)
         if direction == "fwd":  # a = x, b = w
-            return (_bind("bwd_data", ct, b, **kw) if which == 0 else
-                    _bind("bwd_filter", a, ct, **kw))
-        if direction == "bwd_data":  # a = dy, b = w
-            return (_bind("fwd", ct, b, **kw) if which == 0 else
-                    _bind("bwd_filter", ct, a, **kw))
-        # bwd_filter: a = x, b = dy
-        return (_bind("bwd_data", b, ct, **kw) if which == 0 else
-                _bind("fwd", a, ct, **kw))
+            out = (_bind("bwd_data", ct, known, **kw) if which == 0 else
+                   _bind("bwd_filter", known, ct, **kw))
+        elif direction == "bwd_data":  # a = dy, b = w
+            out = (_bind("fwd", ct, known, **kw) if which == 0 else
+                   _bind("bwd_filter", ct, known, **kw))
+        else:  # bwd_filter: a = x, b = dy
+            out = (_bind("bwd_data", known, ct, **kw) if which == 0 else
+                   _bind("fwd", known, ct, **kw))
+        return out.astype(dt)
     return rule
 
 
@@ -501,21 +508,55 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
 # Public API
 # ----------------------------------------------------------------------------------------------
 
+def _constrain_sharding(y, out_sharding, api: str):
+    """`y` with the sharding `out_sharding` (None: unchanged), as lax's ``out_sharding``: a
+    NamedSharding, or a PartitionSpec of the mesh in context (``jax.set_mesh``). A spec over
+    Explicit mesh axes reshards (the sharding becomes part of the result's type, as in lax);
+    over Auto axes, which lax rejects, it is a ``with_sharding_constraint``."""
+    if out_sharding is None:
+        return y
+    if isinstance(out_sharding, NamedSharding):
+        if out_sharding.mesh.empty:  # lax's canonicalize_sharding: no mesh, no constraint
+            return y
+        mesh = out_sharding.mesh
+    elif isinstance(out_sharding, PartitionSpec):
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            raise ValueError(f"{api}: `out_sharding` {out_sharding} is a PartitionSpec, which "
+                             "needs a mesh in context (jax.set_mesh); pass a NamedSharding "
+                             "instead")
+    else:
+        raise TypeError(f"{api}: `out_sharding` must be None, a jax.sharding.NamedSharding or a "
+                        f"PartitionSpec, got {out_sharding!r} of type {type(out_sharding)}")
+    spec = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
+    names = {n for entry in spec if entry is not None and entry is not PartitionSpec.UNCONSTRAINED
+             for n in ((entry,) if isinstance(entry, str) else entry)}
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    if any(types.get(n) == jax.sharding.AxisType.Explicit for n in names):
+        return jax.sharding.reshard(y, out_sharding)
+    return jax.lax.with_sharding_constraint(y, out_sharding)
+
+
 def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding,
                          lhs_dilation: Sequence[int] | None = None,
                          rhs_dilation: Sequence[int] | None = None, dimension_numbers=None,
                          feature_group_count: int = 1, batch_group_count: int = 1,
-                         precision=None, preferred_element_type=None, *, algo=None):
+                         precision=None, preferred_element_type=None, out_sharding=None, *,
+                         algo=None):
     """Drop-in for :func:`jax.lax.conv_general_dilated`, running jaxdnn's kernels.
 
-    Every argument has lax's meaning (negative padding included); for float32, ``precision``
-    below HIGHEST lets tensor-core algorithms round operands to TF32, as XLA:GPU does.
-    ``algo`` (jaxdnn only) forces an algorithm: one name for all three directions, or a dict
-    such as ``{"fwd": "direct"}``.
+    Every argument of lax's is accepted with lax's meaning (negative padding included); for
+    float32, ``precision`` below HIGHEST lets tensor-core algorithms round operands to TF32, as
+    XLA:GPU does. ``out_sharding`` (a NamedSharding, or a PartitionSpec of the mesh in
+    context) gives the result that sharding; over Auto mesh axes, which lax rejects, it
+    constrains the result like ``jax.lax.with_sharding_constraint``. ``algo`` (jaxdnn only)
+    forces an algorithm: one name for all three directions, or a dict such as
+    ``{"fwd": "direct"}``.
     """
-    return _conv_core(lhs, rhs, dimension_numbers, window_strides, padding, lhs_dilation,
-                      rhs_dilation, feature_group_count, batch_group_count, precision,
-                      preferred_element_type, algo, _LAX_NAMES, allow_negative_padding=True)
+    y = _conv_core(lhs, rhs, dimension_numbers, window_strides, padding, lhs_dilation,
+                   rhs_dilation, feature_group_count, batch_group_count, precision,
+                   preferred_element_type, algo, _LAX_NAMES, allow_negative_padding=True)
+    return _constrain_sharding(y, out_sharding, _LAX_NAMES.api)
 
 
 def _layouts(layout, ndim, api):
