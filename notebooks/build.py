@@ -104,10 +104,15 @@ x = jax.ShapeDtypeStruct((8, 56, 56, 64), jnp.float32)
 w = jax.ShapeDtypeStruct((3, 3, 64, 64), jnp.float32)
 problem = jaxdnn.conv_problem(x, w, padding="SAME")
 problem"""),
-        ("md", "## Get: every algorithm, whether it applies, its workspace and rank"),
+        ("md", "## Get: every algorithm, whether it applies, its workspace and rank\n"
+               "A name is an algorithm and, after dots, the options of its kernel variant "
+               "(`im2col_gemm.avx512`: the CPU GEMM's instruction set; on the GPU e.g. "
+               "`implicit_precomp_gemm.wgmma.im2col_tma.tma_b.128x128.ws`). Each algorithm's "
+               "default variant is listed first, then every other that can run; `algo=` takes "
+               "the base name or a variant."),
         ("code", """def show(infos):
     for a in infos:
-        print(f"{a.platform:5s} {a.direction:10s} {a.name:14s} supported={a.supported!s:5s} "
+        print(f"{a.platform:5s} {a.direction:10s} {a.name:22s} supported={a.supported!s:5s} "
               f"rank={a.rank!s:4s} workspace={a.workspace_bytes:>12,d} B "
               f"deterministic={a.deterministic} tensor_cores={a.tensor_cores} {a.reason}")
 
@@ -123,7 +128,7 @@ for platform in platforms:
                             jax.ShapeDtypeStruct((k, k, 3, 64), jnp.float32), padding="SAME")
     n, _, h, w, c = p.spec.lhs_shape
     full = n * h * w * k * k * c * 4  # the whole im2col matrix, float32 (stride 1, SAME)
-    blocked = {a.name: a.workspace_bytes for a in jaxdnn.conv_algorithms(p, "cpu")}
+    blocked = {a.base: a.workspace_bytes for a in jaxdnn.conv_algorithms(p, "cpu") if a.default}
     print(f"{k}x{k}: whole im2col matrix {full / 2**20:8.1f} MiB; "
           f"im2col_gemm workspace {blocked['im2col_gemm'] / 2**20:.2f} MiB, "
           f"direct {blocked['direct']} B")"""),
