@@ -114,7 +114,13 @@ def lowering(target: str, attrs_fn):
     return make
 
 
+# prim -> its per-platform lowering maker (jaxdnn._partition lowers a partitioned primitive's
+# per-shard call with it).
+LOWERINGS: dict = {}
+
+
 def register_lowerings(prim, make_rule) -> None:
+    LOWERINGS[prim] = make_rule
     for platform in PLATFORMS:
         mlir.register_lowering(prim, make_rule(platform), platform=platform)
 

@@ -23,7 +23,7 @@ import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 
-from .. import _checks, _ffi
+from .. import _checks, _ffi, _partition
 
 __all__ = ["elu", "gelu", "leaky_relu", "relu", "relu6", "sigmoid", "silu", "softplus", "swish",
            "tanh"]
@@ -131,6 +131,10 @@ def _bwd_batch(args, dims, **params):
 
 batching.primitive_batchers[activation_fwd_p] = _fwd_batch
 batching.primitive_batchers[activation_bwd_p] = _bwd_batch
+
+# Partitioning: elementwise, every dim passes through.
+_partition.partitionable(activation_fwd_p, _partition.elementwise)
+_partition.partitionable(activation_bwd_p, _partition.elementwise)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .. import _checks, _ffi
+from .. import _checks, _ffi, _partition
 from .. import _config as config_lib
 from ..selection import core
 
@@ -244,6 +244,50 @@ def _batch_rule(direction):
 
 for _dir, _prim in _PRIMS.items():
     batching.primitive_batchers[_prim] = _batch_rule(_dir)
+
+
+# Partitioning. Batch passes through (the filter gradient sums it: a reduction, all-reduced);
+# with one group, output channels (k) pass through with the filter and input channels (c) are
+# a reduction of the forward (the backward-data is its transpose: c passes through, k
+# reduces); spatial dims need replication (no halo exchange). With several groups the channel
+# dims are replicated (group sharding is not written yet).
+
+def _partition_rule(direction):
+    def rule(a, b, *, spec, **params):
+        x = ["n", "d", "h", "w", "c"]
+        y = ["n", "z", "p", "q", "k"]
+        f = ["t", "r", "s", "c" if spec.groups == 1 else "cg", "k"]
+        ops = {"fwd": ([x, f], y), "bwd_data": ([y, f], x), "bwd_filter": ([x, y], f)}
+        operands, result = ops[direction]
+        replicate = ["d", "h", "w", "z", "p", "q", "t", "r", "s"]
+        reduce = {"fwd": ["c"], "bwd_data": ["k"], "bwd_filter": ["n"]}[direction]
+        if spec.groups != 1:
+            replicate += ["c", "cg", "k"]
+            reduce = [r for r in reduce if r == "n"]
+        return _partition.Rule(_partition.einsum(operands, [result]),
+                               need_replication=tuple(replicate), reduction=tuple(reduce))
+    return rule
+
+
+def _local_params(direction):
+    def local(avals, *, spec, **params):
+        a, b = (v.shape for v in avals)
+        n = a[0]
+        if direction == "fwd":
+            c, cg, k = a[4], b[3], b[4]
+        elif direction == "bwd_data":
+            k, cg = a[4], b[3]
+            c = cg * spec.groups
+        else:
+            c, k = a[4], b[4]
+            cg = c // spec.groups
+        return dict(params, spec=spec.replace(lhs_shape=(n, *spec.lhs_shape[1:4], c),
+                                              rhs_shape=(*spec.rhs_shape[:3], cg, k)))
+    return local
+
+
+for _dir, _prim in _PRIMS.items():
+    _partition.partitionable(_prim, _partition_rule(_dir), _local_params(_dir))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from jax import lax
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 
-from .. import _checks, _ffi
+from .. import _checks, _ffi, _partition
 from .. import _config as config_lib
 from ..selection import core
 
@@ -230,6 +230,33 @@ def _batch_rule(prim):
 
 for _prim in _PRIMS.values():
     batching.primitive_batchers[_prim] = _batch_rule(_prim)
+
+
+# Partitioning: batch and channels pass through, the spatial dims need replication (no halo
+# exchange). Each operand and result is shaped as the input ("in") or the output ("out").
+_SHAPED = {"max_fwd": ("in", "out"), "max_fwd_index": ("in", "out", "out"),
+           "max_gather": ("in", "out", "out"), "max_scatter": ("out", "out", "in"),
+           "avg_fwd": ("in", "out"), "avg_bwd": ("out", "in")}
+
+
+def _partition_rule(op):
+    def rule(*avals, spec, **params):
+        nsp = len(spec.window)
+        names = {k: ["n", *_partition.dims(k, nsp), "c"] for k in ("in", "out")}
+        shaped = [names[k] for k in _SHAPED[op]]
+        spatial = tuple(f for k in ("in", "out") for f in names[k][1:-1])
+        return _partition.Rule(_partition.einsum(shaped[:len(avals)], shaped[len(avals):]),
+                               need_replication=spatial)
+    return rule
+
+
+def _local_params(avals, *, spec, **params):
+    n, c = avals[0].shape[0], avals[0].shape[-1]
+    return dict(params, spec=dataclasses.replace(spec, in_shape=(n, *spec.in_shape[1:-1], c)))
+
+
+for _op, _prim in _PRIMS.items():
+    _partition.partitionable(_prim, _partition_rule(_op), _local_params)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching
 
-from .. import _checks, _ffi
+from .. import _checks, _ffi, _partition
 from .. import _config as config_lib
 from ..selection import core
 
@@ -135,6 +135,17 @@ def _bwd_batch(args, dims, **params):
 
 batching.primitive_batchers[softmax_fwd_p] = _fwd_batch
 batching.primitive_batchers[softmax_bwd_p] = _bwd_batch
+
+
+# Partitioning: the softmax axis (the last) needs replication; every other dim passes through.
+
+def _partition_rule(*avals, **params):
+    d = [*_partition.dims("d", avals[0].ndim - 1), "axis"]
+    return _partition.Rule(_partition.einsum([d] * len(avals), [d]), need_replication=("axis",))
+
+
+_partition.partitionable(softmax_fwd_p, _partition_rule)
+_partition.partitionable(softmax_bwd_p, _partition_rule)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,214 @@
+"""Partitioning rules: how XLA's SPMD partitioner may split jaxdnn's custom calls under `jit`.
+
+A custom call is opaque to XLA: without a rule, a sharded operand is all-gathered and every
+device computes the whole result. ``partitionable(prim, rule)`` gives a primitive a rule, as an
+einsum-like Shardy ``sharding_rule`` (``jax.experimental.custom_partitioning``): each operand
+and result dim is named by a factor; a factor shared by operands and results passes its
+sharding through, a factor listed in ``need_replication`` is all-gathered first (a softmax
+axis, a conv's spatial dims), a factor listed in ``reduction`` may stay sharded, and then each
+shard computes a partial result that the per-shard function sums (``lax.psum`` over the mesh
+axes that shard it: the data-parallel all-reduce of a filter gradient).
+
+It applies at lowering: the primitive keeps its abstract eval, jvp, transpose and batching
+rules (they run first, on global shapes), and only its lowering changes, to a
+``custom_partitioning`` call of a per-shard copy of the primitive (same abstract eval, the
+original FFI lowering). The partitioner calls ``partition`` with the operand shardings it
+chose; each shard binds the copy with ``local_params`` (the params of the shard's shapes: a
+conv's ``spec`` names its batch and channel counts). The original lowering is used as is (no
+``custom_partitioning``) where there is nothing to partition: one device, inside a fully
+manual ``shard_map`` (operands are already local), in ``jax.export`` (a custom partitioning
+call holds a Python callback, which cannot be serialized) and without Shardy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+
+import jax
+from jax import lax
+from jax.core import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax._src import dispatch, sharding_impls  # private: the axis contexts, devices at lowering
+
+from . import _ffi
+
+
+# JAXDNN_PARTITION=0 leaves every custom call opaque (read at lowering: for comparisons).
+def enabled() -> bool:
+    return os.environ.get("JAXDNN_PARTITION", "1") != "0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A sharding rule: ``spec`` names every dim of every operand and result (``"n h c, k c ->
+    n h k"``: operands, comma separated, then results; unnamed size-1 dims are not allowed);
+    ``need_replication`` and ``reduction`` list factors (see the module docstring)."""
+
+    spec: str
+    need_replication: tuple[str, ...] = ()
+    reduction: tuple[str, ...] = ()
+
+    def operand_factors(self) -> list[list[str]]:
+        return [part.split() for part in self.spec.split("->")[0].split(",")]
+
+    def result_factors(self) -> list[list[str]]:
+        return [part.split() for part in self.spec.split("->")[1].split(",")]
+
+
+# prim -> (rule(*avals_in, **params) -> Rule | None, local_params(avals, **params) -> params)
+_RULES: dict[Primitive, tuple[Callable, Callable]] = {}
+
+
+def _same_params(avals, **params):
+    return params
+
+
+def partitionable(prim: Primitive, rule: Callable, local_params: Callable = _same_params):
+    """Gives `prim` (lowered by ``_ffi.register_lowerings``) a partitioning rule.
+
+    rule(*avals_in, **params): the primitive's Rule for those operands, or None to leave the
+      call opaque (XLA gathers; correct, not partitioned).
+    local_params(local_avals_in, **params): the params of one shard's call, from the shard's
+      operand avals (default: the same params, for primitives whose params hold no shape).
+    """
+    make_rule = _ffi.LOWERINGS[prim]
+    local = Primitive(prim.name + "_shard")
+    local.multiple_results = prim.multiple_results
+    local.def_effectful_abstract_eval(prim.abstract_eval)
+    _ffi.register_lowerings(local, make_rule)
+    _RULES[prim] = (rule, local_params)
+
+    def make(platform):
+        direct = make_rule(platform)
+
+        def lower(ctx, *args, **params):
+            r = rule(*ctx.avals_in, **params) if _partitions(ctx) else None
+            if r is None:
+                return direct(ctx, *args, **params)
+            call = _custom_partitioned(local, r, local_params, params)
+            return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
+
+        return lower
+
+    for platform in _ffi.PLATFORMS:
+        mlir.register_lowering(prim, make(platform), platform=platform)
+    # The custom partitioning call needs the devices at lowering (as the jax primitives that
+    # lower to one: custom_partitioning_p, pure_callback_p).
+    dispatch.prim_requires_devices_during_lowering.add(prim)
+    return prim
+
+
+def _partitions(ctx) -> bool:
+    """Whether this lowering may have sharded operands to partition."""
+
+    module = ctx.module_context
+    if not enabled():
+        return False
+    if getattr(module.lowering_parameters, "for_export", False):
+        return False
+    if not jax.config.jax_use_shardy_partitioner:
+        return False
+    axis = module.axis_context
+    if isinstance(axis, sharding_impls.SPMDAxisContext):
+        return set(axis.manual_axes) != set(axis.mesh.axis_names)
+    if isinstance(axis, sharding_impls.ShardingContext):
+        devices = axis.device_assignment
+        return devices is not None and len(devices) > 1
+    return False
+
+
+def _custom_partitioned(local: Primitive, rule: Rule, local_params, params):
+    from jax.experimental.custom_partitioning import custom_partitioning  # noqa: PLC0415
+
+    def run(*args):
+        out = local.bind(*args, **params)
+        return tuple(out) if local.multiple_results else (out,)
+
+    operand_factors, result_factors = rule.operand_factors(), rule.result_factors()
+
+    def partition(mesh, arg_shapes, result_shape):
+        arg_shardings = [a.sharding for a in arg_shapes]
+        result_shardings = [r.sharding for r in result_shape]
+        named = all(isinstance(s, NamedSharding) for s in (*arg_shardings, *result_shardings))
+        if not named:  # no mesh to name the psum's axes by: gather everything
+            arg_shardings = [NamedSharding(mesh, PartitionSpec()) for _ in arg_shapes]
+            result_shardings = [NamedSharding(mesh, PartitionSpec()) for _ in result_shape]
+        else:  # the partitioner may hand over a need-replication dim sharded: gather it
+            arg_shardings = [_replicated(s, f, rule.need_replication)
+                             for s, f in zip(arg_shardings, operand_factors)]
+            result_shardings = [_replicated(s, f, rule.need_replication)
+                                for s, f in zip(result_shardings, result_factors)]
+        axes = _reduction_axes(rule, operand_factors, arg_shardings) if named else ()
+        local_avals = [ShapedArray(s.shard_shape(a.shape), a.dtype)
+                       for a, s in zip(arg_shapes, arg_shardings)]
+        shard_params = local_params(local_avals, **params)
+
+        def per_shard(*args):
+            out = local.bind(*args, **shard_params)
+            out = tuple(out) if local.multiple_results else (out,)
+            return tuple(lax.psum(o, axes) for o in out) if axes else out
+
+        return mesh, per_shard, tuple(result_shardings), tuple(arg_shardings)
+
+    # Shardy wants special factors in the order they first appear.
+    order = list(dict.fromkeys(rule.spec.replace(",", " ").replace("->", " ").split()))
+    special = lambda fs: tuple(sorted(set(fs) & set(order), key=order.index))  # noqa: E731
+    cp = custom_partitioning(run)
+    cp.def_partition(partition=partition, sharding_rule=rule.spec,
+                     need_replication_factors=special(rule.need_replication),
+                     reduction_factors=special(rule.reduction))
+    return cp
+
+
+def _replicated(sharding: NamedSharding, factors, need) -> NamedSharding:
+    """`sharding` with the dims of the factors in `need` replicated."""
+    spec = tuple(sharding.spec) + (None,) * (len(factors) - len(sharding.spec))
+    if not any(e is not None and f in need for e, f in zip(spec, factors)):
+        return sharding
+    spec = tuple(None if f in need else e for e, f in zip(spec, factors))
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
+def _reduction_axes(rule: Rule, operand_factors, shardings) -> tuple[str, ...]:
+    """The mesh axes that shard a reduction factor (in the first operand that has it)."""
+    axes: list[str] = []
+    for factor in rule.reduction:
+        for names, sharding in zip(operand_factors, shardings):
+            if factor in names:
+                spec = tuple(sharding.spec) + (None,) * len(names)
+                entry = spec[names.index(factor)]
+                entry = () if entry is None else (entry,) if isinstance(entry, str) else entry
+                axes.extend(a for a in entry if a not in axes)
+                break
+    return tuple(axes)
+
+
+def dims(prefix: str, n: int) -> list[str]:
+    """n factor names: prefix0, prefix1, ..."""
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def einsum(operands: Sequence[Sequence[str]], results: Sequence[Sequence[str]]) -> str:
+    """The spec string of factor name lists."""
+    return (", ".join(" ".join(o) for o in operands) + " -> " +
+            ", ".join(" ".join(r) for r in results))
+
+
+def elementwise(*avals, **params) -> Rule | None:
+    """The rule of an op whose operands and result have one shape and whose every output
+    element depends on the same element of each operand: every dim passes through."""
+    ndim = avals[0].ndim
+    if ndim == 0:
+        return None
+    d = dims("d", ndim)
+    return Rule(einsum([d] * len(avals), [d]))
+
+
+def rule_of(prim: Primitive):
+    """The (rule, local_params) of a partitionable primitive, or None."""
+    return _RULES.get(prim)
