@@ -135,6 +135,24 @@ def check_conv():
               what="grouped conv grad")
 
 
+def check_norm():
+    """Norms have no rule yet: their calls stay opaque (gathered), and must still be right,
+    batch_norm's statistics included (global over the sharded batch)."""
+    x, s, b = rand(8, 4, 16), rand(16), rand(16)
+    m, v = rand(16), jnp.abs(rand(16)) + 0.5
+    fns = [("layer_norm", lambda x, s, b: jaxdnn.layer_norm(x, s, b)),
+           ("rms_norm", lambda x, s, b: jaxdnn.rms_norm(x, s)),
+           ("group_norm", lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=4)),
+           ("batch_norm", lambda x, s, b: jaxdnn.batch_norm(x, s, b)[0]),
+           ("batch_norm_inference", lambda x, s, b: jaxdnn.batch_norm_inference(x, s, b, m, v))]
+    for name, fn in fns:
+        for mesh, spec in [(MESH1, P("data")), (MESH2, P("data", None, "model"))]:
+            specs = [spec, P(), P()]
+            check(fn, [x, s, b], mesh, specs, k=64, what=name)
+            check(grad_of(fn, (0, 1, 2)), [x, s, b], mesh, specs, k=64, tol=1e-5,
+                  what=f"grad {name}")
+
+
 def net(x, w):
     y = jaxdnn.relu(jaxdnn.conv(x, w, padding="SAME"))
     y = jaxdnn.max_pool(y, (2, 2), strides=(2, 2))

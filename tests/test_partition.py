@@ -17,7 +17,7 @@ from util import subprocess_env
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("family", ["activation", "softmax", "pool", "conv", "network"])
+@pytest.mark.parametrize("family", ["activation", "softmax", "pool", "conv", "norm", "network"])
 def test_partition(family, tmp_path):
     env = subprocess_env(HERE, JAX_PLATFORMS="cpu",
                          XLA_FLAGS="--xla_force_host_platform_device_count=8")
