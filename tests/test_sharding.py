@@ -1,8 +1,7 @@
 """jaxdnn ops under multi-device transformations (CPU devices forced by XLA_FLAGS, so this runs
 everywhere): inside shard_map each device runs the kernels on its shard; under jit with
-NamedSharding inputs the results match the single-device ones. (The custom calls have no
-partitioning rules yet, so under plain jit XLA gathers their operands: correct, not yet
-partitioned.)"""
+NamedSharding inputs the results match the single-device ones. (How the calls partition under
+plain jit is tested in tests/test_partition.py.)"""
 
 from __future__ import annotations
 
