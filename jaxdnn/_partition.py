@@ -111,7 +111,7 @@ def _partitions(ctx) -> bool:
         return False
     if getattr(module.lowering_parameters, "for_export", False):
         return False
-    if not jax.config.jax_use_shardy_partitioner:
+    if not getattr(jax.config, "jax_use_shardy_partitioner", True):
         return False
     axis = module.axis_context
     if isinstance(axis, sharding_impls.SPMDAxisContext):
