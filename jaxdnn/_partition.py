@@ -23,7 +23,6 @@ call holds a Python callback, which cannot be serialized) and without Shardy.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 
 import jax
@@ -36,11 +35,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jax._src import dispatch, sharding_impls  # private: the axis contexts, devices at lowering
 
 from . import _ffi
-
-
-# JAXDNN_PARTITION=0 leaves every custom call opaque (read at lowering: for comparisons).
-def enabled() -> bool:
-    return os.environ.get("JAXDNN_PARTITION", "1") != "0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +101,6 @@ def _partitions(ctx) -> bool:
     """Whether this lowering may have sharded operands to partition."""
 
     module = ctx.module_context
-    if not enabled():
-        return False
     if getattr(module.lowering_parameters, "for_export", False):
         return False
     if not getattr(jax.config, "jax_use_shardy_partitioner", True):
