@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import jaxdnn
+from util import subprocess_env
 
 optax = pytest.importorskip("optax")
 
@@ -37,21 +38,21 @@ def _uses_jaxdnn(fn, *args):
     return "jaxdnn_conv" in text and "conv_general_dilated[" not in text
 
 
-def test_import_jaxdnn_does_not_import_frameworks():
+def test_import_jaxdnn_does_not_import_frameworks(tmp_path):
     code = "import sys, jaxdnn; print(sorted({'flax', 'equinox', 'optax'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+                         check=True, env=subprocess_env(), cwd=tmp_path)
     assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("module,package", [("jaxdnn.flax", "flax"),
                                             ("jaxdnn.flax.nnx", "flax"),
                                             ("jaxdnn.equinox", "equinox")])
-def test_missing_framework_is_named(module, package):
+def test_missing_framework_is_named(module, package, tmp_path):
     code = (f"import sys; sys.modules['{package}'] = None\n"
             f"try:\n    import {module}\nexcept ImportError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+                         check=True, env=subprocess_env(), cwd=tmp_path)
     assert f"needs the `{package}` package" in out.stdout
 
 
