@@ -23,6 +23,8 @@ call holds a Python callback, which cannot be serialized) and without Shardy.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Callable, Sequence
 
 import jax
@@ -46,12 +48,29 @@ class Rule:
     spec: str
     need_replication: tuple[str, ...] = ()
     reduction: tuple[str, ...] = ()
+    # Compound dims (``"(p k), k -> (p k)"``: a flat dim that is p major, k minor) take the
+    # factor-assignment path of `partition`: a factor is sharded only where it leads every dim
+    # that holds it (a shard of a flat dim is then a contiguous block), each result is summed
+    # over the sharded `reduction` factors that it lacks. factor_sizes: (factor, size) of
+    # every factor of a compound dim. scratch: indices of results that nothing reads (a
+    # kernel's workspace): each shard returns zeros of the result's shard shape.
+    factor_sizes: tuple[tuple[str, int], ...] = ()
+    scratch: tuple[int, ...] = ()
 
     def operand_factors(self) -> list[list[str]]:
         return [part.split() for part in self.spec.split("->")[0].split(",")]
 
     def result_factors(self) -> list[list[str]]:
         return [part.split() for part in self.spec.split("->")[1].split(",")]
+
+    @property
+    def compound(self) -> bool:
+        return "(" in self.spec
+
+    def dims_of(self, side: int) -> list[list[list[str]]]:
+        """Per operand (side 0) or result (side 1): its dims, each a list of factors."""
+        return [[d.strip("()").split() for d in re.findall(r"\([^)]*\)|[^\s()]+", part)]
+                for part in self.spec.split("->")[side].split(",")]
 
 
 # prim -> (rule(*avals_in, **params) -> Rule | None, local_params(avals, **params) -> params)
@@ -121,6 +140,8 @@ def _custom_partitioned(local: Primitive, rule: Rule, local_params, params):
         out = local.bind(*args, **params)
         return tuple(out) if local.multiple_results else (out,)
 
+    if rule.compound:
+        return _custom_partitioned_compound(local, rule, local_params, params, run)
     operand_factors, result_factors = rule.operand_factors(), rule.result_factors()
 
     def partition(mesh, arg_shapes, result_shape):
@@ -154,6 +175,77 @@ def _custom_partitioned(local: Primitive, rule: Rule, local_params, params):
     cp.def_partition(partition=partition, sharding_rule=rule.spec,
                      need_replication_factors=special(rule.need_replication),
                      reduction_factors=special(rule.reduction))
+    return cp
+
+
+def _custom_partitioned_compound(local: Primitive, rule: Rule, local_params, params, run):
+    """`_custom_partitioned` for a rule with compound dims (see Rule)."""
+    from jax.experimental.custom_partitioning import custom_partitioning  # noqa: PLC0415
+
+    op_dims, res_dims = rule.dims_of(0), rule.dims_of(1)
+    every = [d for dims_ in (*op_dims, *res_dims) for d in dims_]
+    # a factor may be sharded only where it leads every dim that holds it
+    leading = {f for d in every for f in d[:1]} - {f for d in every for f in d[1:]}
+    sizes = dict(rule.factor_sizes)
+
+    def partition(mesh, arg_shapes, result_shape):
+        for dims_, a in zip(op_dims, arg_shapes):
+            for d, n in zip(dims_, a.shape):
+                if len(d) == 1:
+                    sizes.setdefault(d[0], n)
+        arg_shardings = [a.sharding for a in arg_shapes]
+        named = all(isinstance(s, NamedSharding)
+                    for s in (*arg_shardings, *(r.sharding for r in result_shape)))
+        assign: dict[str, tuple[str, ...]] = {}
+        used: set[str] = set()
+        for dims_, s in zip(op_dims, arg_shardings if named else ()):
+            spec = tuple(s.spec) + (None,) * len(dims_)
+            for d, e in zip(dims_, spec):
+                f = d[0]
+                if e is None or f in assign or f in rule.need_replication or f not in leading:
+                    continue
+                axes = (e,) if isinstance(e, str) else tuple(e)
+                n = math.prod(mesh.shape[a] for a in axes)
+                if not axes or used & set(axes) or n <= 1 or sizes.get(f, 0) % n:
+                    continue
+                assign[f] = axes
+                used.update(axes)
+
+        def sharding(dims_):
+            entries = [assign.get(d[0]) for d in dims_]
+            entries = [None if e is None else e[0] if len(e) == 1 else e for e in entries]
+            return NamedSharding(mesh, PartitionSpec(*entries))
+
+        arg_shardings = [sharding(d) for d in op_dims]
+        result_shardings = [sharding(d) for d in res_dims]
+        sums = [tuple(a for f in rule.reduction if f in assign and not any(f in d for d in dims_)
+                      for a in assign[f]) for dims_ in res_dims]
+        scratch = {i: (s.shard_shape(r.shape), r.dtype) for i, (s, r)
+                   in enumerate(zip(result_shardings, result_shape)) if i in rule.scratch}
+        local_avals = [ShapedArray(s.shard_shape(a.shape), a.dtype)
+                       for a, s in zip(arg_shapes, arg_shardings)]
+        shard_params = local_params(local_avals, **params)
+
+        def per_shard(*args):
+            out = local.bind(*args, **shard_params)
+            out = list(out) if local.multiple_results else [out]
+            for i, (shp, dt) in scratch.items():
+                out[i] = jax.numpy.zeros(shp, dt)
+            return tuple(lax.psum(o, ax) if ax else o for o, ax in zip(out, sums))
+
+        return mesh, per_shard, tuple(result_shardings), tuple(arg_shardings)
+
+    order = [f for d in every for f in d]
+    order = list(dict.fromkeys(order))
+    in_results = {f for d in (x for ds in res_dims for x in ds) for f in d}
+    special = lambda fs: tuple(sorted(set(fs) & set(order), key=order.index))  # noqa: E731
+    only_compound = {f for d in every if len(d) > 1 for f in d} - {d[0] for d in every
+                                                                     if len(d) == 1}
+    cp = custom_partitioning(run)
+    cp.def_partition(partition=partition, sharding_rule=rule.spec,
+                     need_replication_factors=special(rule.need_replication),
+                     reduction_factors=special(set(rule.reduction) - in_results),
+                     **{f: n for f, n in rule.factor_sizes if f in only_compound})
     return cp
 
 

@@ -136,20 +136,28 @@ def check_conv():
 
 
 def check_norm():
-    """Norms have no rule yet: their calls stay opaque (gathered), and must still be right,
-    batch_norm's statistics included (global over the sharded batch)."""
+    """layer/RMS/group norm pass rows (samples) through and batch_norm_inference every dim:
+    batch sharded, nothing is gathered; a normalised axis sharded is gathered, still right.
+    batch_norm's training statistics are global over the batch: no rule, gathered, right."""
     x, s, b = rand(8, 4, 16), rand(16), rand(16)
     m, v = rand(16), jnp.abs(rand(16)) + 0.5
-    fns = [("layer_norm", lambda x, s, b: jaxdnn.layer_norm(x, s, b)),
-           ("rms_norm", lambda x, s, b: jaxdnn.rms_norm(x, s)),
-           ("group_norm", lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=4)),
-           ("batch_norm", lambda x, s, b: jaxdnn.batch_norm(x, s, b)[0]),
-           ("batch_norm_inference", lambda x, s, b: jaxdnn.batch_norm_inference(x, s, b, m, v))]
-    for name, fn in fns:
-        for mesh, spec in [(MESH1, P("data")), (MESH2, P("data", None, "model"))]:
+    fns = [("layer_norm", lambda x, s, b: jaxdnn.layer_norm(x, s, b), 0),
+           ("layer_norm2", lambda x, s, b: jaxdnn.layer_norm(x, s[:4, None] * s, b[:4, None] * b,
+                                                           axis=(1, 2)), 0),
+           ("rms_norm", lambda x, s, b: jaxdnn.rms_norm(x, s), 0),
+           ("group_norm", lambda x, s, b: jaxdnn.group_norm(x, s, b, groups=4), 0),
+           ("group_norm NCW", lambda x, s, b: jaxdnn.group_norm(x, s[:4], b[:4], groups=2,
+                                                                layout="NCW"), 0),
+           ("batch_norm", lambda x, s, b: jaxdnn.batch_norm(x, s, b)[0], None),
+           ("batch_norm_inference",
+            lambda x, s, b: jaxdnn.batch_norm_inference(x, s, b, m, v), 0)]
+    for name, fn, gathers in fns:
+        for mesh, spec, g in [(MESH1, P("data"), gathers), (MESH2, P("data"), gathers),
+                              (MESH2, P("data", None, "model"), None),
+                              (MESH1, P(None, None, "data"), None)]:
             specs = [spec, P(), P()]
-            check(fn, [x, s, b], mesh, specs, k=64, what=name)
-            check(grad_of(fn, (0, 1, 2)), [x, s, b], mesh, specs, k=64, tol=1e-5,
+            check(fn, [x, s, b], mesh, specs, k=64, gathers=g, what=name)
+            check(grad_of(fn, (0, 1, 2)), [x, s, b], mesh, specs, k=64, tol=1e-5, gathers=g,
                   what=f"grad {name}")
 
 

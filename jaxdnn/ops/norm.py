@@ -61,7 +61,7 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir, xla
 
-from .. import _checks, _ffi
+from .. import _checks, _ffi, _partition
 from .. import _config as config_lib
 from ..selection import core
 
@@ -652,3 +652,60 @@ def group_norm(x, scale, bias, *, groups: int, eps: float = 1e-5, layout: str | 
         shape = NormShape(P=x.shape[0], A=spatial, C=g, K=k, T=1)
     y, _, _ = _train(x, scale, bias, shape, eps, True, algo, api)
     return y
+
+
+# ---- partitioning ----------------------------------------------------------------------------
+# Operands are flat, so a dim of the rule is a compound of the canonical factors (p a c k t),
+# unit ones left out: a shard of a flat operand is a contiguous block, so only the leading
+# factor of x (p: rows/samples; for batch norm inference, whose P is 1, the leading other) is
+# sharded. The training primitives' normalised factors (a c k t) need replication, and batch
+# norm training (P = 1: statistics over the whole batch) has no rule (gathered, correct). The
+# inference primitives pass every factor through; the backward ones sum the affine (and
+# statistics) gradients over the factors they lack. The workspace is scratch.
+
+_TRAINING = ("norm_fwd", "norm_bwd", "norm_tangent")
+_KIND_FACTORS = {X: "packt", S: "pc", DS: "pc", AFF: "ck"}
+
+
+def _partition_rule(name):
+    kinds, outs, ws_fn, _ = _SPECS[name]
+
+    def rule(*avals, shape, **params):
+        if shape.Q != 1 or (name in _TRAINING and shape.P == 1):
+            return None
+        sizes = dict(p=shape.P, a=shape.A, c=shape.C, k=shape.K, t=shape.T)
+        extra = iter(range(1000))
+
+        def dim(kind, n):
+            fs = [f for f in _KIND_FACTORS.get(kind, "") if sizes[f] != 1]
+            if kind == WS or (kind == DS and n == 0) or not fs:
+                return None if fs or kind in (WS, DS) else "bad"
+            return fs[0] if len(fs) == 1 else "(" + " ".join(fs) + ")"
+
+        ops = [dim(k, a.shape[0]) or f"z{next(extra)}" for k, a in zip(kinds, avals)]
+        res = [dim(k, 1) or f"z{next(extra)}" for k in outs]
+        if "bad" in ops + res:  # a whole operand of size 1: nothing to partition
+            return None
+        if name in _TRAINING:
+            replicate, reduce = ("a", "c", "k", "t"), ("p",)
+        else:
+            replicate, reduce = (), ("p", "a", "c", "k", "t")
+        return _partition.Rule(", ".join(ops) + " -> " + ", ".join(res),
+                               need_replication=replicate, reduction=reduce,
+                               factor_sizes=tuple((f, n) for f, n in sizes.items() if n != 1),
+                               scratch=tuple(i for i, k in enumerate(outs) if k == WS))
+
+    return rule
+
+
+def _local_params(avals, *, shape, **params):
+    """The shard's NormShape: only the leading non-unit factor of x is sharded."""
+    ratio = math.prod(shape.x_shape) // max(avals[0].shape[0], 1)
+    if ratio == 1:
+        return dict(params, shape=shape)
+    lead = next(f for f in ("P", "A", "C", "K", "T") if getattr(shape, f) != 1)
+    return dict(params, shape=dataclasses.replace(shape, **{lead: getattr(shape, lead) // ratio}))
+
+
+for _name in ("norm_fwd", "norm_bwd", "norm_infer", "norm_infer_bwd"):  # the kernels
+    _partition.partitionable(_PRIMS[_name], _partition_rule(_name), _local_params)
