@@ -15,8 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-import jax._src.lax as jax_src_lax
-from jax._src.lax import convolution as lax_convolution
 
 import jaxdnn
 
@@ -63,22 +61,16 @@ def test_flax_nnx_conv_forward_and_grad():
                      k=2 * 5 * 9, what=name)
 
 
-def _substitute(monkeypatch):
-    """Replaces lax.conv_general_dilated by jaxdnn's, in jax.lax and in the modules that jax's
-    own callers (jax._src.lax: scipy.signal; jax._src.lax.convolution: jnp.convolve and lax's
-    transpose rules) call it from."""
-    jax.clear_caches()  # jnp.convolve is jitted: drop its traces of the stock function
-    for module in (lax, jax_src_lax, lax_convolution):
-        monkeypatch.setattr(module, "conv_general_dilated", jaxdnn.conv_general_dilated)
-
-
 def _value_and_grads(f, *args):
     loss = lambda *a: jnp.sum(jnp.sin(f(*a)))  # noqa: E731
     return f(*args), jax.grad(loss, argnums=tuple(range(len(args))))(*args)
 
 
 @pytest.mark.parametrize("mode", ["full", "same", "valid"])
-def test_jax_callers_under_substitution(monkeypatch, mode):
+def test_jax_callers_under_substitution(mode):
+    """With lax's conv_general_dilated swapped for jaxdnn's (jaxdnn.use_jaxdnn: in jax.lax and
+    where jax's own callers look it up), jnp.convolve and jax.scipy.signal.convolve2d run on
+    jaxdnn and match float64 stock lax."""
     rng = np.random.default_rng(1)
     cases = [(jnp.convolve, (rand(rng, (23,)), rand(rng, (6,))), 6),
              (jax.scipy.signal.convolve2d, (rand(rng, (11, 9)), rand(rng, (4, 3))), 12)]
@@ -86,20 +78,16 @@ def test_jax_callers_under_substitution(monkeypatch, mode):
     # float64 references from the stock functions
     refs = [_value_and_grads(fn, *(np.asarray(a, np.float64) for a in args))
             for fn, args, _ in fns]
-    _substitute(monkeypatch)
-    try:
+    with jaxdnn.use_jaxdnn():
         for (fn, args, k), (ref_y, ref_g) in zip(fns, refs):
             assert _uses_jaxdnn(fn, *args)
             y, g = _value_and_grads(fn, *args)
             assert_close(y, ref_y, jnp.float32, k=k, what="value")
             for a, b in zip(g, ref_g):
                 assert_close(a, b, jnp.float32, k=k * 4, what="grad")
-    finally:
-        monkeypatch.undo()
-        jax.clear_caches()
 
 
-def test_lax_transpose_rules_under_substitution(monkeypatch):
+def test_lax_transpose_rules_under_substitution():
     """lax's own convolution transpose rules call the substituted function with
     `out_sharding=` (and negative padding, ConvDimensionNumbers, batch groups)."""
     stock = lax.conv_general_dilated
@@ -108,17 +96,13 @@ def test_lax_transpose_rules_under_substitution(monkeypatch):
     f = lambda x, w: stock(x, w, (2, 1), "SAME", rhs_dilation=(1, 2),  # noqa: E731
                            dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=2)
     ref_y, ref_g = _value_and_grads(f, np.asarray(x, np.float64), np.asarray(w, np.float64))
-    _substitute(monkeypatch)
-    try:
+    with jaxdnn.use_jaxdnn():
         jaxpr = str(jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(f(x, w)), (0, 1)))(x, w))
         assert "conv_general_dilated" in jaxpr and "jaxdnn_conv" in jaxpr
         y, g = _value_and_grads(f, x, w)
         assert_close(y, ref_y, jnp.float32, k=18)
         for a, b in zip(g, ref_g):
             assert_close(a, b, jnp.float32, k=2 * 5 * 8 * 2, what="grad")
-    finally:
-        monkeypatch.undo()
-        jax.clear_caches()
 
 
 def test_out_sharding_bad_value():

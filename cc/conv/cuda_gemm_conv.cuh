@@ -122,13 +122,14 @@ inline std::string tile_options(TileKind t, const std::string& loaders = "") {
 template <Mode kMode, bool kAllTma = false, typename Fn>
 Status with_tile(const Args& a, int64_t N, bool k_major, Fn&& fn, bool wider = false) {
   using T = typename ModeTraits<kMode>::T;
-  switch (tile_kind(a, N, k_major, kAllTma && wider)) {
+  const TileKind tile = tile_kind(a, N, k_major, kAllTma && wider);
+  switch (tile) {
     case TileKind::kMmaNarrow: return fn(TileNarrow<T>{});
     case TileKind::kMmaWide: return fn(TileWide<T>{});
     default: break;
   }
-  if constexpr (kMode != Mode::k3xTf32) {
-    switch (tile_kind(a, N, k_major, kAllTma && wider)) {
+  if constexpr (kMode != Mode::k3xTf32) {  // (wgmma_runs never gives 3xTF32 a wgmma tile)
+    switch (tile) {
       case TileKind::kWgNarrow: return fn(WgTileNarrow<T>{});
       case TileKind::kWgWide: return fn(WgTileWide<T>{});
       case TileKind::kWsWide: return fn(WsTileWide<T>{});

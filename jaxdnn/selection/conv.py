@@ -68,16 +68,6 @@ def _raw_algorithms(problem: ConvProblem, platform: str, *, names=(), variants=F
         np.dtype(problem.out_dtype).name, _num_threads(platform), list(names), variants)
 
 
-def _infos(raw: list[dict], direction: str, platform: str,
-           rank: dict[str, int]) -> list[core.AlgoInfo]:
-    return [core.AlgoInfo(name=r["name"], direction=direction, platform=platform,
-                          supported=r["supported"], reason=r["reason"],
-                          workspace_bytes=int(r["workspace_bytes"]),
-                          deterministic=r["deterministic"], tensor_cores=r["tensor_cores"],
-                          rank=rank.get(r["name"]), base=r["base"], default=r["default"])
-            for r in raw]
-
-
 def conv_algorithms(problem: ConvProblem, platform: str | None = None, *,
                     variants: bool = True) -> list[core.AlgoInfo]:
     """"Get": every registered algorithm for `problem` on `platform` ("cpu" or "cuda";
@@ -93,7 +83,7 @@ def conv_algorithms(problem: ConvProblem, platform: str | None = None, *,
                                                    np.dtype(problem.dtype), defaults)]
     order += [r["name"] for r in raw if r["supported"] and r["name"] not in order]
     rank = {name: i for i, name in enumerate(order)}
-    infos = _infos(raw, problem.direction, platform, rank)
+    infos = core.infos_from_raw(raw, problem.direction, platform, rank)
     return sorted(infos, key=lambda a: (a.rank is None, a.rank or 0, a.name))
 
 
@@ -310,8 +300,8 @@ class ConvFamily:
         infos = conv_algorithms(problem, platform, variants=problem.policy[0])
         forced = problem.forced_algo
         if forced is not None and not any(forced in (a.name, a.base) for a in infos):
-            infos += _infos(_raw_algorithms(problem, platform, names=[forced]),
-                            problem.direction, platform, {})
+            infos += core.infos_from_raw(_raw_algorithms(problem, platform, names=[forced]),
+                                         problem.direction, platform, {})
         return infos
 
     def key(self, problem: ConvProblem) -> str:

@@ -269,13 +269,22 @@ def find_checked(infos: list[AlgoInfo], call, inputs, ref, tol: float,
     return sorted(results, key=lambda r: (not r["ok"], r["time_s"], r["name"]))
 
 
+def infos_from_raw(raw: list[dict], direction: str, platform: str,
+                   rank: dict[str, int]) -> list[AlgoInfo]:
+    """AlgoInfo from a C++ registry's dicts, ranked by `rank` (name -> preference); a dict
+    without "base"/"default" names an algorithm without variants."""
+    return [AlgoInfo(name=r["name"], direction=direction, platform=platform,
+                     supported=r["supported"], reason=r["reason"],
+                     workspace_bytes=int(r["workspace_bytes"]),
+                     deterministic=r["deterministic"], tensor_cores=r["tensor_cores"],
+                     rank=rank.get(r["name"]), base=r.get("base", r["name"]),
+                     default=r.get("default", True))
+            for r in raw]
+
+
 def registry_infos(raw: list[dict], direction: str, platform: str) -> list[AlgoInfo]:
     """AlgoInfo from a C++ registry's dicts that are already in preference order."""
     supported = [r for r in raw if r["supported"]]
     rank = {r["name"]: i for i, r in enumerate(supported)}
-    infos = [AlgoInfo(name=r["name"], direction=direction, platform=platform,
-                      supported=r["supported"], reason=r["reason"],
-                      workspace_bytes=int(r["workspace_bytes"]),
-                      deterministic=r["deterministic"], tensor_cores=r["tensor_cores"],
-                      rank=rank.get(r["name"]), base=r["name"]) for r in raw]
+    infos = infos_from_raw(raw, direction, platform, rank)
     return sorted(infos, key=lambda a: (a.rank is None, a.rank or 0))
