@@ -26,6 +26,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import jax
 from jax import lax
@@ -56,6 +57,11 @@ class Rule:
     # kernel's workspace): each shard returns zeros of the result's shard shape.
     factor_sizes: tuple[tuple[str, int], ...] = ()
     scratch: tuple[int, ...] = ()
+    # For an op whose shards exchange partial results mid-computation (synchronised batch-norm
+    # statistics): where a `reduction` factor is sharded, over mesh `axes` (`shards` devices
+    # in all), shard_fn(axes, shards, **local_params) gives the per-shard function in place of
+    # binding the primitive and summing (compound rules only; scratch results become zeros).
+    shard_fn: Callable | None = None
 
     def operand_factors(self) -> list[list[str]]:
         return [part.split() for part in self.spec.split("->")[0].split(",")]
@@ -73,10 +79,6 @@ class Rule:
                 for part in self.spec.split("->")[side].split(",")]
 
 
-# prim -> (rule(*avals_in, **params) -> Rule | None, local_params(avals, **params) -> params)
-_RULES: dict[Primitive, tuple[Callable, Callable]] = {}
-
-
 def _same_params(avals, **params):
     return params
 
@@ -84,8 +86,9 @@ def _same_params(avals, **params):
 def partitionable(prim: Primitive, rule: Callable, local_params: Callable = _same_params):
     """Gives `prim` (lowered by ``_ffi.register_lowerings``) a partitioning rule.
 
-    rule(*avals_in, **params): the primitive's Rule for those operands, or None to leave the
-      call opaque (XLA gathers; correct, not partitioned).
+    rule(*avals_in, devices, **params): the primitive's Rule for those operands on `devices`
+      devices (the mesh's size), or None to leave the call opaque (XLA gathers; correct, not
+      partitioned).
     local_params(local_avals_in, **params): the params of one shard's call, from the shard's
       operand avals (default: the same params, for primitives whose params hold no shape).
     """
@@ -94,13 +97,13 @@ def partitionable(prim: Primitive, rule: Callable, local_params: Callable = _sam
     local.multiple_results = prim.multiple_results
     local.def_effectful_abstract_eval(prim.abstract_eval)
     _ffi.register_lowerings(local, make_rule)
-    _RULES[prim] = (rule, local_params)
 
     def make(platform):
         direct = make_rule(platform)
 
         def lower(ctx, *args, **params):
-            r = rule(*ctx.avals_in, **params) if _partitions(ctx) else None
+            devices = _partitions(ctx)
+            r = rule(*ctx.avals_in, devices=devices, **params) if devices else None
             if r is None:
                 return direct(ctx, *args, **params)
             call = _custom_partitioned(local, r, local_params, params)
@@ -116,21 +119,22 @@ def partitionable(prim: Primitive, rule: Callable, local_params: Callable = _sam
     return prim
 
 
-def _partitions(ctx) -> bool:
-    """Whether this lowering may have sharded operands to partition."""
+def _partitions(ctx) -> int:
+    """The number of devices whose shards this lowering may partition (the mesh's size), or 0
+    where its operands cannot be sharded."""
 
     module = ctx.module_context
     if getattr(module.lowering_parameters, "for_export", False):
-        return False
+        return 0
     if not getattr(jax.config, "jax_use_shardy_partitioner", True):
-        return False
+        return 0
     axis = module.axis_context
     if isinstance(axis, sharding_impls.SPMDAxisContext):
-        return set(axis.manual_axes) != set(axis.mesh.axis_names)
+        return axis.mesh.size if set(axis.manual_axes) != set(axis.mesh.axis_names) else 0
     if isinstance(axis, sharding_impls.ShardingContext):
         devices = axis.device_assignment
-        return devices is not None and len(devices) > 1
-    return False
+        return len(devices) if devices is not None and len(devices) > 1 else 0
+    return 0
 
 
 def _custom_partitioned(local: Primitive, rule: Rule, local_params, params):
@@ -225,9 +229,16 @@ def _custom_partitioned_compound(local: Primitive, rule: Rule, local_params, par
         local_avals = [ShapedArray(s.shard_shape(a.shape), a.dtype)
                        for a, s in zip(arg_shapes, arg_shardings)]
         shard_params = local_params(local_avals, **params)
+        reduced = tuple(a for f in rule.reduction for a in assign.get(f, ()))
+        if rule.shard_fn is not None and reduced:
+            shards = math.prod(mesh.shape[a] for a in reduced)
+            compute = rule.shard_fn(reduced, shards, **shard_params)
+            sums = [()] * len(res_dims)
+        else:
+            compute = partial(local.bind, **shard_params)
 
         def per_shard(*args):
-            out = local.bind(*args, **shard_params)
+            out = compute(*args)
             out = list(out) if local.multiple_results else [out]
             for i, (shp, dt) in scratch.items():
                 out[i] = jax.numpy.zeros(shp, dt)
@@ -292,7 +303,3 @@ def elementwise(*avals, **params) -> Rule | None:
     d = dims("d", ndim)
     return Rule(einsum([d] * len(avals), [d]))
 
-
-def rule_of(prim: Primitive):
-    """The (rule, local_params) of a partitionable primitive, or None."""
-    return _RULES.get(prim)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import pickle
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 from jaxdnn.examples import data as data_lib
 from jaxdnn.examples import train_cnn, train_mlp
+from util import subprocess_env
 
 
 def _write_idx(path, array, compress):
@@ -108,3 +110,29 @@ def test_command_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "jaxdnn.examples.train_cnn", "--epochs", "0"],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert bad.returncode != 0 and "--epochs must be >= 1" in bad.stderr
+
+
+DATA_PARALLEL = """
+import json, sys
+from jaxdnn.examples import train_cnn
+runs = [train_cnn.main(["--epochs", "1", "--plot", "", "--no-progress", "--devices", n])
+        for n in ("1", "2")]
+print(json.dumps([r["history"]["step_loss"] for r in runs]))
+"""
+
+
+def test_data_parallel_matches_one_device(tmp_path):
+    """--devices 2 (batch sharded, synchronised batch norm) trains like one device: the same
+    step losses from the same batches, up to float32 rounding."""
+    env = subprocess_env(JAX_PLATFORMS="cpu",
+                         XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    out = subprocess.run([sys.executable, "-c", DATA_PARALLEL], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    one, two = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(one) == len(two) > 10
+    np.testing.assert_allclose(two, one, rtol=1e-4)
+    bad = subprocess.run([sys.executable, "-m", "jaxdnn.examples.train_cnn", "--devices", "2",
+                          "--batch-size", "63"], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=300)
+    assert bad.returncode != 0 and "multiple of --devices 2" in bad.stderr

@@ -16,6 +16,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import jaxdnn
 
@@ -53,6 +55,10 @@ def parse_args(model: str, argv=None) -> argparse.Namespace:
     p.add_argument("--algo", default=None, help="force a convolution algorithm (e.g. direct)")
     p.add_argument("--benchmark", action="store_true",
                    help="time the convolution algorithms once per shape and keep the fastest")
+    p.add_argument("--devices", type=int, default=1,
+                   help="data parallel over the first N devices: batches sharded over a 1-D "
+                        "mesh, parameters replicated, batch-norm statistics synchronised (on "
+                        "the CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
     p.add_argument("--compare-lax", action="store_true",
                    help="train the same model with jax.lax/jax.nn ops from the same "
                         "initialisation for --compare-steps steps; report losses and speed")
@@ -62,10 +68,25 @@ def parse_args(model: str, argv=None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     args.model = model
-    for name in ("epochs", "batch_size", "compare_steps"):
+    for name in ("epochs", "batch_size", "compare_steps", "devices"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.devices > len(jax.devices()):
+        p.error(f"--devices {args.devices}: jax sees {len(jax.devices())} device(s)")
+    if args.batch_size % args.devices:
+        p.error(f"--batch-size {args.batch_size} must be a multiple of --devices {args.devices}")
     return args
+
+
+def data_parallel(n: int):
+    """(put_batch, put_replicated): where a batch and the model's pytrees go for data-parallel
+    training over the first n devices. Plain jit partitions the step from these shardings
+    (jaxdnn's ops carry partitioning rules): each device computes its slice of the batch."""
+    if n == 1:
+        return (lambda a: a), (lambda t: t)
+    mesh = Mesh(np.array(jax.devices()[:n]), ("data",))
+    batch, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+    return (lambda a: jax.device_put(a, batch)), (lambda t: jax.device_put(t, replicated))
 
 
 @dataclasses.dataclass
@@ -88,14 +109,14 @@ class Trainer:
         self.step = jax.jit(step, donate_argnums=(0, 1, 2))
         self.predict = jax.jit(partial(predict, self.apply, self.ops, self.dtype))
 
-    def accuracy(self, params, state, x, y, batch_size):
+    def accuracy(self, params, state, x, y, batch_size, put_batch=lambda a: a):
         correct = 0
         for i in range(0, len(x), batch_size):
             xb = x[i:i + batch_size]
             pad = batch_size - len(xb)  # one compiled shape: pad the last batch
             if pad:
                 xb = np.concatenate([xb, np.zeros((pad, *xb.shape[1:]), xb.dtype)])
-            pred = np.asarray(self.predict(params, state, xb))[:batch_size - pad]
+            pred = np.asarray(self.predict(params, state, put_batch(xb)))[:batch_size - pad]
             correct += int((pred == y[i:i + batch_size]).sum())
         return correct / len(x)
 
@@ -127,10 +148,11 @@ def train(args) -> dict:
     steps_per_epoch = len(ds.x_train) // args.batch_size
     opt = OPTIMIZERS[args.optimizer](cosine_decay(args.lr, args.epochs * steps_per_epoch))
     trainer = Trainer(apply, jaxdnn_ops(args.algo), dtype, opt)
-    opt_state = opt.init(params)
+    put_batch, put_replicated = data_parallel(args.devices)
+    params, state, opt_state = put_replicated((params, state, opt.init(params)))
     print(f"jaxdnn {args.model} on {ds.name}: {len(ds.x_train)} train / {len(ds.x_test)} test "
           f"images {ds.image_shape}, {args.dtype}, batch {args.batch_size}, {args.optimizer} "
-          f"lr {args.lr}, device {jax.devices()[0].device_kind}")
+          f"lr {args.lr}, {args.devices} x {jax.devices()[0].device_kind}")
     if args.benchmark:  # time the applicable conv algorithms once per shape, cache the winner
         jaxdnn.config(benchmark=True)
 
@@ -142,8 +164,8 @@ def train(args) -> dict:
         t0 = time.perf_counter()
         losses = []
         for idx in batches(rng, len(ds.x_train), args.batch_size):
-            params, state, opt_state, loss = trainer.step(params, state, opt_state,
-                                                          ds.x_train[idx], ds.y_train[idx])
+            params, state, opt_state, loss = trainer.step(
+                params, state, opt_state, put_batch(ds.x_train[idx]), put_batch(ds.y_train[idx]))
             losses.append(loss)
             if bar is not None:
                 bar.update(1)
@@ -158,7 +180,7 @@ def train(args) -> dict:
         if epoch > 1:  # the first epoch includes compilation
             timed_images += steps_per_epoch * args.batch_size
             timed_seconds += seconds
-        acc = trainer.accuracy(params, state, ds.x_test, ds.y_test, args.batch_size)
+        acc = trainer.accuracy(params, state, ds.x_test, ds.y_test, args.batch_size, put_batch)
         history["step_loss"] += losses
         history["epoch_acc"].append(acc)
         print(f"epoch {epoch:3d}  loss {np.mean(losses):.4f}  test accuracy {acc:.4f}  "
@@ -186,18 +208,19 @@ def compare_lax(args) -> dict:
         idx.extend(batches(rng, len(ds.x_train), args.batch_size))
     idx = idx[:args.compare_steps]
     rows = {}
+    put_batch, put_replicated = data_parallel(args.devices)
     for ops in (jaxdnn_ops(args.algo), lax_ops()):
         opt = OPTIMIZERS[args.optimizer](cosine_decay(args.lr, args.compare_steps))
         trainer = Trainer(apply, ops, dtype, opt)
         params, state = jax.tree.map(jnp.array, (params0, state0))
-        opt_state = opt.init(params)
+        params, state, opt_state = put_replicated((params, state, opt.init(params)))
         warm = min(5, len(idx) - 1)
         for i, b in enumerate(idx):
             if i == warm:
                 jax.block_until_ready(params)
                 t0 = time.perf_counter()
-            params, state, opt_state, loss = trainer.step(params, state, opt_state,
-                                                          ds.x_train[b], ds.y_train[b])
+            params, state, opt_state, loss = trainer.step(
+                params, state, opt_state, put_batch(ds.x_train[b]), put_batch(ds.y_train[b]))
         loss = float(loss)
         seconds = time.perf_counter() - t0
         rows[ops.name] = {"loss": loss, "images_per_s": (len(idx) - warm) * args.batch_size /
@@ -205,7 +228,7 @@ def compare_lax(args) -> dict:
     a, b = rows["jaxdnn"], rows["jax.lax"]
     rel = abs(a["loss"] - b["loss"]) / abs(b["loss"])
     print(f"after {args.compare_steps} {args.dtype} steps (batch {args.batch_size}, "
-          f"device {jax.devices()[0].device_kind}):")
+          f"{args.devices} x {jax.devices()[0].device_kind}):")
     for name, r in rows.items():
         print(f"  {name:8s} loss {r['loss']:.6f}  {r['images_per_s']:9.0f} images/s")
     print(f"  relative loss difference {rel:.2e}; speed ratio jaxdnn / jax.lax "

@@ -247,25 +247,47 @@ for _dir, _prim in _PRIMS.items():
 
 
 # Partitioning. Batch passes through (the filter gradient sums it: a reduction, all-reduced);
-# with one group, output channels (k) pass through with the filter and input channels (c) are
-# a reduction of the forward (the backward-data is its transpose: c passes through, k
-# reduces); spatial dims need replication (no halo exchange). With several groups the channel
-# dims are replicated (group sharding is not written yet).
+# spatial dims need replication (no halo exchange). With one group, output channels (k) pass
+# through with the filter and input channels (c) are a reduction of the forward (the
+# backward-data is its transpose: c passes through, k reduces). With several groups the channel
+# dims are compounds, group major: x's (g cg), the filter's and y's (g kg); the group factor g
+# passes through (each shard convolves its own groups, no collective) and the in-group factors
+# are replicated. That needs the groups to divide the device count's every factor: Shardy may
+# otherwise split a mesh axis between g and an in-group factor, a sub-axis sharding that a
+# PartitionSpec cannot name; then the channels are replicated.
+
+def _channel_dim(*factors: tuple[str, int]) -> str:
+    """A rule's dim made of (factor, size) pairs, major first, unit factors left out."""
+    names = [f for f, n in factors if n != 1] or [factors[0][0]]
+    return names[0] if len(names) == 1 else "(" + " ".join(names) + ")"
+
 
 def _partition_rule(direction):
-    def rule(a, b, *, spec, **params):
-        x = ["n", "d", "h", "w", "c"]
-        y = ["n", "z", "p", "q", "k"]
-        f = ["t", "r", "s", "c" if spec.groups == 1 else "cg", "k"]
+    def rule(a, b, *, spec, devices, **params):
+        g = spec.groups
+        cg, k = spec.rhs_shape[3], spec.rhs_shape[4]
+        sizes = ()
+        if g == 1:
+            c_dim, k_dim, f_cg = "c", "k", "c"
+        elif g % devices:  # channels replicated
+            c_dim, k_dim, f_cg = "c", "k", "cg"
+        else:
+            c_dim = _channel_dim(("g", g), ("cg", cg))
+            k_dim = _channel_dim(("g", g), ("kg", k // g))
+            f_cg, sizes = "cg", (("g", g), ("cg", cg), ("kg", k // g))
+        x = ["n", "d", "h", "w", c_dim]
+        y = ["n", "z", "p", "q", k_dim]
+        f = ["t", "r", "s", f_cg, k_dim]
         ops = {"fwd": ([x, f], y), "bwd_data": ([y, f], x), "bwd_filter": ([x, y], f)}
         operands, result = ops[direction]
         replicate = ["d", "h", "w", "z", "p", "q", "t", "r", "s"]
         reduce = {"fwd": ["c"], "bwd_data": ["k"], "bwd_filter": ["n"]}[direction]
-        if spec.groups != 1:
-            replicate += ["c", "cg", "k"]
+        if g != 1:
+            replicate += ["c", "k", "cg", "kg"]
             reduce = [r for r in reduce if r == "n"]
         return _partition.Rule(_partition.einsum(operands, [result]),
-                               need_replication=tuple(replicate), reduction=tuple(reduce))
+                               need_replication=tuple(replicate), reduction=tuple(reduce),
+                               factor_sizes=sizes if "(" in c_dim + k_dim else ())
     return rule
 
 
@@ -273,16 +295,20 @@ def _local_params(direction):
     def local(avals, *, spec, **params):
         a, b = (v.shape for v in avals)
         n = a[0]
+        k = a[4] if direction == "bwd_data" else b[4]
+        # a shard's groups: of several, only the group factor of the channels is sharded
+        groups = spec.groups * k // spec.rhs_shape[4] if spec.groups > 1 else 1
         if direction == "fwd":
-            c, cg, k = a[4], b[3], b[4]
+            c, cg = a[4], b[3]
         elif direction == "bwd_data":
-            k, cg = a[4], b[3]
-            c = cg * spec.groups
+            cg = b[3]
+            c = cg * groups
         else:
-            c, k = a[4], b[4]
-            cg = c // spec.groups
+            c = a[4]
+            cg = c // groups
         return dict(params, spec=spec.replace(lhs_shape=(n, *spec.lhs_shape[1:4], c),
-                                              rhs_shape=(*spec.rhs_shape[:3], cg, k)))
+                                              rhs_shape=(*spec.rhs_shape[:3], cg, k),
+                                              groups=groups))
     return local
 
 

@@ -170,15 +170,21 @@ def _tangent_ref(tx, ts, tb, x, scale, mean, var, *, shape, eps, centered, **_):
     return [ty.reshape(-1).astype(x.dtype), tmean, tvar]
 
 
-def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, *, shape, eps, centered, **_):
+def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, *, shape, eps, centered, total=None,
+             shards=1, **_):
+    """(total, shards: a shard's backward of a synchronised batch norm, see _synced_bwd.)"""
     dmean, dvar = (c if c.shape == mean.shape else 0 for c in (dmean, dvar))  # empty: zero
     xc, r, xhat = _normalised(shape, x, mean, var, eps)
     dy = _x5(shape, dy, var.dtype)
     g = dy * _affine_b(shape, scale)
-    c1 = (2 * dvar - r * r * _group_sum(g * xhat)) / shape.n
-    c2 = (dmean - r * _group_sum(g)) / shape.n if centered else jnp.zeros_like(mean)
+    sums = [_group_sum(g * xhat), _group_sum(g), _affine_sum(shape, dy * xhat),
+            _affine_sum(shape, dy)]
+    sg_xhat, sg, dscale, dbias = total(sums) if total else sums
+    n = shape.n * shards
+    c1 = (2 * dvar - r * r * sg_xhat) / n
+    c2 = (dmean - r * sg) / n if centered else jnp.zeros_like(mean)
     dx = g * _stat_b(shape, r) + xc * _stat_b(shape, c1) + _stat_b(shape, c2)
-    return [dx.reshape(-1).astype(x.dtype), _affine_sum(shape, dy * xhat), _affine_sum(shape, dy)]
+    return [dx.reshape(-1).astype(x.dtype), dscale, dbias]
 
 
 def _infer_tangent_ref(tx, ts, tb, tmean, tvar, x, scale, mean, var, *, shape, eps, **_):
@@ -657,11 +663,50 @@ def group_norm(x, scale, bias, *, groups: int, eps: float = 1e-5, layout: str | 
 # ---- partitioning ----------------------------------------------------------------------------
 # Operands are flat, so a dim of the rule is a compound of the canonical factors (p a c k t),
 # unit ones left out: a shard of a flat operand is a contiguous block, so only the leading
-# factor of x (p: rows/samples; for batch norm inference, whose P is 1, the leading other) is
-# sharded. The training primitives' normalised factors (a c k t) need replication, and batch
-# norm training (P = 1: statistics over the whole batch) has no rule (gathered, correct). The
-# inference primitives pass every factor through; the backward ones sum the affine (and
-# statistics) gradients over the factors they lack. The workspace is scratch.
+# factor of x (p: rows/samples; where P is 1, as in batch norm, the leading other) is sharded.
+# The training primitives' normalised factors (c k t) need replication and so does a (the
+# batch of a batch norm) where P > 1. Where P is 1, a sharded a is a synchronised batch norm:
+# each shard reduces its block to partial statistics (forward: per-channel mean and M2; backward:
+# the per-channel sums of the gradient formula), one collective combines them, and each shard
+# finishes with the global values (_synced_fwd, _synced_bwd). The inference primitives pass
+# every factor through; the backward ones sum the affine (and statistics) gradients over the
+# factors they lack. The workspace is scratch.
+
+
+def _psum_parts(parts, axes):
+    """psum of a list of vectors in one all-reduce."""
+    sizes = [p.shape[0] for p in parts]
+    total = lax.psum(jnp.concatenate(parts), axes)
+    return jnp.split(total, np.cumsum(sizes)[:-1])
+
+
+def _synced_fwd(axes, shards, *, shape, eps, centered, policy, **_):
+    """A shard's training forward of a batch norm whose batch (a) is sharded over `axes`: its
+    block's per-channel mean and M2 (sum of squared deviations), all-gathered (one collective)
+    and combined exactly (Chan et al.: M2 = sum M2_i + n sum (mean_i - mean)^2, equal n per
+    shard), then the apply kernel with the global statistics."""
+
+    def run(x, scale, bias):
+        sd = stat_dtype(x.dtype)
+        xs = _x5(shape, x, sd)
+        mean_i = _group_sum(xs) / shape.n if centered else jnp.zeros(shape.P * shape.C, sd)
+        m2_i = _group_sum(jnp.square(xs - _stat_b(shape, mean_i)))
+        parts = lax.all_gather(jnp.stack([mean_i, m2_i]), axes)  # (shards, 2, P*C)
+        mean = jnp.mean(parts[:, 0], axis=0)
+        m2 = jnp.sum(parts[:, 1], axis=0) + shape.n * jnp.sum(jnp.square(parts[:, 0] - mean), 0)
+        var = m2 / (shape.n * shards)
+        y = norm_infer_p.bind(x, scale, bias, mean, var, shape=shape, eps=eps, algo=None,
+                              policy=policy)
+        return [y, mean, var, None]  # the workspace: scratch
+
+    return run
+
+
+def _synced_bwd(axes, shards, **params):
+    """A shard's training backward of a synchronised batch norm: the reference formula with its
+    four per-channel sums all-reduced in one psum."""
+    return lambda *args: _bwd_ref(*args, **params, total=partial(_psum_parts, axes=axes),
+                                  shards=shards) + [None]
 
 _TRAINING = ("norm_fwd", "norm_bwd", "norm_tangent")
 _KIND_FACTORS = {X: "packt", S: "pc", DS: "pc", AFF: "ck"}
@@ -670,8 +715,10 @@ _KIND_FACTORS = {X: "packt", S: "pc", DS: "pc", AFF: "ck"}
 def _partition_rule(name):
     kinds, outs, ws_fn, _ = _SPECS[name]
 
+    synced = {"norm_fwd": _synced_fwd, "norm_bwd": _synced_bwd}.get(name)
+
     def rule(*avals, shape, **params):
-        if shape.Q != 1 or (name in _TRAINING and shape.P == 1):
+        if shape.Q != 1 or (name in _TRAINING and shape.P == shape.A == 1):
             return None
         sizes = dict(p=shape.P, a=shape.A, c=shape.C, k=shape.K, t=shape.T)
         extra = iter(range(1000))
@@ -686,14 +733,18 @@ def _partition_rule(name):
         res = [dim(k, 1) or f"z{next(extra)}" for k in outs]
         if "bad" in ops + res:  # a whole operand of size 1: nothing to partition
             return None
-        if name in _TRAINING:
+        shard_fn = None
+        if name not in _TRAINING:
+            replicate, reduce = (), ("p", "a", "c", "k", "t")
+        elif shape.P != 1:
             replicate, reduce = ("a", "c", "k", "t"), ("p",)
         else:
-            replicate, reduce = (), ("p", "a", "c", "k", "t")
+            replicate, reduce, shard_fn = ("c", "k", "t"), ("a",), synced
         return _partition.Rule(", ".join(ops) + " -> " + ", ".join(res),
                                need_replication=replicate, reduction=reduce,
                                factor_sizes=tuple((f, n) for f, n in sizes.items() if n != 1),
-                               scratch=tuple(i for i, k in enumerate(outs) if k == WS))
+                               scratch=tuple(i for i, k in enumerate(outs) if k == WS),
+                               shard_fn=shard_fn)
 
     return rule
 
