@@ -162,7 +162,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     models = args.models.split(",")
     for m in models:
-        network(m)  # rejects unknown names before any work
+        try:
+            network(m)
+        except ValueError as e:  # before any work
+            parser.error(str(e))
     for flag, value in (QUICK_TIMING if args.quick else TIMING).items():
         if getattr(args, flag) is None:
             setattr(args, flag, value)
