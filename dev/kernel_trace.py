@@ -19,9 +19,6 @@ batch_norm_inference (our apply kernel where XLA's elementwise one runs).
 from __future__ import annotations
 
 import collections
-import glob
-import gzip
-import json
 import os
 import sys
 import tempfile
@@ -35,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import bench_activation  # noqa: E402
 import bench_norm  # noqa: E402
 import bench_pool  # noqa: E402
+import profile_step  # noqa: E402
 from common import conv_direction_fn, conv_fns, depthwise_layers, layer_shapes  # noqa: E402
 import jaxdnn  # noqa: E402
 
@@ -142,12 +140,8 @@ def wall_per_op(f, args):
 def trace_events(trace_dir):
     """The trace's spans: (name, ts_us, dur_us, args) of each on a GPU stream, and (name,
     dur_us) of each on the host."""
-    path = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)[0]
-    with gzip.open(path) as fh:
-        trace = json.load(fh)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") ==
-                "process_name" and "GPU" in str(e.get("args", {}).get("name", ""))}
+    events = profile_step.load_trace(trace_dir)["traceEvents"]
+    gpu_pids = profile_step.gpu_processes(events)
     spans = [e for e in events if e.get("ph") == "X"]
     return ([(e["name"], float(e["ts"]), float(e["dur"]), e.get("args", {})) for e in spans
              if e.get("pid") in gpu_pids],

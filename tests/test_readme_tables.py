@@ -30,3 +30,20 @@ def test_old_method_tables_say_so(tmp_path):
     softmax, activation = block.split("**Activations")
     assert "old method" in activation and "old method" not in softmax
     assert "| CPU, 2 cores | fwd | 1.5x (lowest 1.5x relu) |" in block
+
+
+def test_e2e_table(tmp_path):
+    """bench_e2e's rows render one per configuration; profile_step's breakdown stays out of the
+    README."""
+    env = {"date": "2026-01-01", "device": "NVIDIA H100 80GB HBM3", "platform": "gpu",
+           "jax": "0.11.2", "cpu_count": 16, "method": 2}
+    row = {"model": "resnet50", "input": "224x224x3", "dtype": "bfloat16", "batch": 256,
+           "lax_img_s": 2500.4, "jaxdnn_img_s": 2000.0, "ratio": 0.8, "loss_rel_diff": 1.23e-3}
+    for name, rows in (("e2e", [row]), ("e2e_profile", [{"category": "total", "lax_ms": 1.0}])):
+        with open(tmp_path / f"{name}-gpu-H100.json", "w") as f:
+            json.dump({"environment": dict(env, benchmark=name), "notes": "", "rows": rows}, f)
+    block = subprocess.run([sys.executable, REPORT, "--print", "--results", str(tmp_path)],
+                           capture_output=True, text=True, check=True).stdout
+    assert ("| NVIDIA H100 80GB HBM3 | resnet50 224x224x3 | bfloat16 | 256 | 2500 | 2000 | 0.8x | "
+            "1.2e-03 |") in block
+    assert "e2e_profile" not in block and block.count("**End-to-end") == 1

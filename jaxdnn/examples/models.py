@@ -25,31 +25,45 @@ class Ops:
     """The primitives a model uses. All tensors are channels-last."""
 
     name: str
-    conv: Callable          # (x, w, stride) -> y, SAME padding, HWIO filter
+    conv: Callable          # (x, w, stride=1, padding="SAME", groups=1) -> y, HWIO filter
     batch_norm: Callable    # (x, scale, bias) -> (y, batch_mean, batch_var), over N, H, W
     bn_inference: Callable  # (x, scale, bias, mean, var) -> y
     relu: Callable
-    max_pool: Callable      # 2x2, stride 2
+    max_pool: Callable      # (x, window, stride, padding): square window, "SAME" or "VALID"
     global_avg_pool: Callable  # (N, H, W, C) -> (N, C)
     layer_norm: Callable    # (x, scale, bias) over the last axis
     gelu: Callable
     log_softmax: Callable
+    dense: Callable         # (x, w, b) -> x @ w + b
 
 
-def jaxdnn_ops(algo: str | None = None) -> Ops:
+def _dense(precision):
+    """x @ w + b in x's dtype. jaxdnn has no matrix product: both tables use jnp.dot."""
+    def dense(x, w, b):
+        return jnp.dot(x, w.astype(x.dtype), precision=precision) + b.astype(x.dtype)
+    return dense
+
+
+# The example keeps float32 accuracy on the GPU too (HIGHEST: 3xTF32 on tensor cores for jaxdnn,
+# no TF32 for XLA); precision=None is JAX's default, TF32 for float32 on a GPU.
+def jaxdnn_ops(algo: str | None = None, precision=lax.Precision.HIGHEST) -> Ops:
+    def conv(x, w, stride=1, padding="SAME", groups=1):
+        return jaxdnn.conv(x, w, stride=stride, padding=padding, groups=groups, algo=algo,
+                           precision=precision)
+
     return Ops(
         name="jaxdnn",
-        # HIGHEST: float32 accuracy on the GPU too (3xTF32 on tensor cores), like the lax side.
-        conv=lambda x, w, stride=1: jaxdnn.conv(x, w, stride=stride, padding="SAME", algo=algo,
-                                                precision=lax.Precision.HIGHEST),
+        conv=conv,
         batch_norm=lambda x, s, b: jaxdnn.batch_norm(x, s, b, eps=BN_EPS),
         bn_inference=lambda x, s, b, m, v: jaxdnn.batch_norm_inference(x, s, b, m, v, eps=BN_EPS),
         relu=jaxdnn.relu,
-        max_pool=lambda x: jaxdnn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID"),
+        max_pool=lambda x, window, stride, padding: jaxdnn.max_pool(
+            x, (window, window), strides=(stride, stride), padding=padding),
         global_avg_pool=jaxdnn.global_avg_pool,
         layer_norm=lambda x, s, b: jaxdnn.layer_norm(x, s, b, eps=BN_EPS),
         gelu=jaxdnn.gelu,
         log_softmax=jaxdnn.log_softmax,
+        dense=_dense(precision),
     )
 
 
@@ -74,22 +88,25 @@ def _lax_layer_norm(x, scale, bias):
     return ((xf - mean) * lax.rsqrt(var + BN_EPS) * scale + bias).astype(x.dtype)
 
 
-def lax_ops() -> Ops:
+def lax_ops(precision=lax.Precision.HIGHEST) -> Ops:
+    def conv(x, w, stride=1, padding="SAME", groups=1):
+        return lax.conv_general_dilated(x, w, (stride, stride), padding,
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                        feature_group_count=groups, precision=precision)
+
     return Ops(
         name="jax.lax",
-        # HIGHEST: float32 accuracy, as on the jaxdnn side (XLA:GPU would otherwise use TF32).
-        conv=lambda x, w, stride=1: lax.conv_general_dilated(
-            x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
-            precision=lax.Precision.HIGHEST),
+        conv=conv,
         batch_norm=_lax_batch_norm,
         bn_inference=_lax_normalise,
         relu=jax.nn.relu,
-        max_pool=lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1),
-                                             "VALID"),
+        max_pool=lambda x, window, stride, padding: lax.reduce_window(
+            x, -jnp.inf, lax.max, (1, window, window, 1), (1, stride, stride, 1), padding),
         global_avg_pool=lambda x: jnp.mean(x, axis=(1, 2)),
         layer_norm=_lax_layer_norm,
         gelu=jax.nn.gelu,
         log_softmax=jax.nn.log_softmax,
+        dense=_dense(precision),
     )
 
 
@@ -112,12 +129,6 @@ def _dense_params(key, din, dout):
     return {"w": _he(key, (din, dout), din), "b": jnp.zeros((dout,))}
 
 
-def _dense(x, p):
-    """x @ w + b in exact float32 on every platform (no TF32), like the convolutions."""
-    w, b = p["w"].astype(x.dtype), p["b"].astype(x.dtype)
-    return jnp.dot(x, w, precision=lax.Precision.HIGHEST) + b
-
-
 # ---- a small ResNet ---------------------------------------------------------------------------
 # stem conv3x3 -> BN -> ReLU, a residual block, 2x2 max pool, conv3x3 to `width*2` -> BN -> ReLU,
 # a residual block, global average pool, dense -> log_softmax.
@@ -137,8 +148,8 @@ def init_cnn(key, image_shape, num_classes, width=32):
     return params, state
 
 
-def _conv_bn(ops: Ops, p, s, x, train, stride=1):
-    y = ops.conv(x, p["w"], stride)
+def _conv_bn(ops: Ops, p, s, x, train, stride=1, padding="SAME"):
+    y = ops.conv(x, p["w"], stride, padding)
     if train:
         y, mean, var = ops.batch_norm(y, p["scale"], p["bias"])
         s = {"mean": BN_MOMENTUM * s["mean"] + (1 - BN_MOMENTUM) * mean,
@@ -158,11 +169,11 @@ def apply_cnn(ops: Ops, params, state, x, train: bool):
 
     x = layer("stem", x)
     x = ops.relu(x + layer("res1b", layer("res1a", x), relu=False))
-    x = ops.max_pool(x)
+    x = ops.max_pool(x, 2, 2, "VALID")
     x = layer("down", x)
     x = ops.relu(x + layer("res2b", layer("res2a", x), relu=False))
     x = ops.global_avg_pool(x)
-    logits = _dense(x, params["head"])
+    logits = ops.dense(x, params["head"]["w"], params["head"]["b"])
     return ops.log_softmax(logits), new
 
 
@@ -181,8 +192,8 @@ def init_mlp(key, image_shape, num_classes, width=256, depth=2):
 def apply_mlp(ops: Ops, params, state, x, train: bool):
     x = x.reshape(x.shape[0], -1)
     for p in params["hidden"]:
-        x = ops.gelu(ops.layer_norm(_dense(x, p), p["scale"], p["bias"]))
-    logits = _dense(x, params["head"])
+        x = ops.gelu(ops.layer_norm(ops.dense(x, p["w"], p["b"]), p["scale"], p["bias"]))
+    logits = ops.dense(x, params["head"]["w"], params["head"]["b"])
     return ops.log_softmax(logits), state
 
 
