@@ -30,7 +30,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxdnn.examples import networks
+from jaxdnn.examples import models, networks
 from jaxdnn.examples.models import jaxdnn_ops, lax_ops
 from jaxdnn.examples.optim import sgd
 from jaxdnn.examples.train import Trainer
@@ -65,6 +65,10 @@ def network(name: str, quick: bool = False):
         return (lambda key: networks.init_resnet(key, 18, 10, shape, cifar_stem=True,
                                                  width=width),
                 networks.apply_resnet, shape, 10)
+    if name == "cnn":  # the training example's small ResNet (not in RUNS: bench_scaling's)
+        shape = (8, 8, 3) if quick else (32, 32, 3)
+        return (lambda key: models.init_cnn(key, shape, 10, width=8 if quick else 32),
+                models.apply_cnn, shape, 10)
     if name == "convnext":
         shape = (8, 8, 16) if quick else (56, 56, 96)
         return (lambda key: networks.init_convnext_stage(key, 1000, shape, blocks=3),
@@ -104,6 +108,18 @@ def sides(name: str, dtype: str, batch: int, quick: bool = False, seed: int = 0)
             for ops in (lax_ops(precision=None), jaxdnn_ops(precision=None))], (x, y)
 
 
+def median_step_seconds(sides, x, y, steps: int, windows: int) -> list[float]:
+    """Each side's seconds per step: the median of `windows` windows of `steps` steps, one
+    block_until_ready per window, the sides alternating which goes first."""
+    times = [[] for _ in sides]
+    for w in range(windows):
+        for i in range(len(sides)) if w % 2 == 0 else reversed(range(len(sides))):
+            start = time.perf_counter()
+            sides[i].steps(steps, x, y)
+            times[i].append((time.perf_counter() - start) / steps)
+    return [statistics.median(t) for t in times]
+
+
 def measure(name: str, dtype: str, batch: int, args) -> dict:
     """One row: both sides' images/s, their ratio and the loss difference after LOSS_STEPS."""
     (lax_side, ours), (x, y) = sides(name, dtype, batch, args.quick)
@@ -111,13 +127,7 @@ def measure(name: str, dtype: str, batch: int, args) -> dict:
     losses = [float(side.steps(LOSS_STEPS, x, y)) for side in (lax_side, ours)]
     for side in (lax_side, ours):
         side.steps(args.warmup, x, y)
-    windows = {lax_side.name: [], ours.name: []}
-    for w in range(args.windows):
-        for side in (lax_side, ours) if w % 2 == 0 else (ours, lax_side):
-            start = time.perf_counter()
-            side.steps(args.steps, x, y)
-            windows[side.name].append((time.perf_counter() - start) / args.steps)
-    t_lax, t_ours = (statistics.median(windows[s.name]) for s in (lax_side, ours))
+    t_lax, t_ours = median_step_seconds((lax_side, ours), x, y, args.steps, args.windows)
     row = {"model": name, "dtype": dtype, "batch": batch, "input": "x".join(map(str, x.shape[1:])),
            "lax_img_s": batch / t_lax, "jaxdnn_img_s": batch / t_ours, "ratio": t_lax / t_ours,
            "lax_ms": t_lax * 1e3, "jaxdnn_ms": t_ours * 1e3, "lax_loss": losses[0],

@@ -50,8 +50,9 @@ FAMILIES = {
 }
 ORDER = ["e2e", "conv_gpu", "conv_cpu", "norm", "softmax", "activation", "pool", "bandwidth"]
 # Tables kept beside the results only: a training step's GPU time by kernel category
-# (benchmarks/profile_step.py), which complements its family's table rather than summarising.
-NOT_RENDERED = {"e2e_profile"}
+# (benchmarks/profile_step.py), which complements its family's table rather than summarising,
+# and multi-device scaling (benchmarks/bench_scaling.py), whose device counts vary by machine.
+NOT_RENDERED = {"e2e_profile", "scaling"}
 # Directions of old-method tables, relabelled to say what they measured.
 OLD_DIRECTIONS = {"norm": {"bwd": "bwd (own residuals)"}, "softmax": {"bwd": "bwd (own residuals)"},
                   "pool": {"bwd": "bwd (own residuals)", "fwd+bwd": "fwd+bwd (vjp)"},

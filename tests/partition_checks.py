@@ -6,7 +6,6 @@ compares it with the same computation written on jax.lax / jax.nn, in float64 on
 
 from __future__ import annotations
 
-import re
 import sys
 
 import jax
@@ -20,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxdnn  # noqa: E402
+from hlo import collectives, gathered_sizes  # noqa: E402
 from util import assert_close  # noqa: E402
 
 try:
@@ -32,31 +32,11 @@ DEV = np.array(jax.devices())
 MESH1 = Mesh(DEV, ("data",))
 MESH2 = Mesh(DEV.reshape(4, 2), ("data", "model"))
 RNG = np.random.default_rng(0)
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 EPS = 1e-5  # jaxdnn's default
 
 
 def rand(*shape):
     return jnp.asarray(RNG.standard_normal(shape), jnp.float32)
-
-
-def collectives(compiled_text: str) -> dict:
-    """How many of each collective the compiled HLO runs (the -start of async pairs)."""
-    out = {}
-    for c in COLLECTIVES:
-        n = len(re.findall(rf"= [^=]*? {c}(-start)?\(", compiled_text))
-        if n:
-            out[c] = n
-    return out
-
-
-def gathered_sizes(compiled_text: str) -> list[int]:
-    """The element count of every all-gather's result in the compiled HLO."""
-    sizes = []
-    for m in re.finditer(r"= (\(?[^=]*?) all-gather(-start)?\(", compiled_text):
-        shapes = re.findall(r"[a-z]+\d*\[([\d,]*)\]", m.group(1))
-        sizes.append(int(np.prod([int(d) for d in shapes[-1].split(",") if d])))
-    return sizes
 
 
 def put(mesh, spec, x):

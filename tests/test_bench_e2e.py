@@ -129,3 +129,21 @@ def test_profile_step_breakdown(profile_step):
     assert [r["category"] for r in rows] == profile_step.CATEGORY_NAMES + ["total"]
     assert rows[-1]["jaxdnn_ms"] == pytest.approx(0.46)
     assert rows[-1]["lax_kernels"] == pytest.approx(2.0)
+
+
+def test_bench_scaling_quick(tmp_path):
+    """benchmarks/bench_scaling.py --quick on 2 forced CPU devices: one device without and with
+    a mesh, then two; jaxdnn's step runs no collective on one device and all-reduces on two."""
+    env = subprocess_env(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_scaling.py"), "--quick", "--models", "cnn",
+         "--out-dir", str(tmp_path)], capture_output=True, text=True, env=env, cwd=tmp_path,
+        timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads((tmp_path / "scaling-cpu-cpu.json").read_text())["rows"]
+    assert [(r["devices"], r["batch"]) for r in rows] == [("1", 2), ("1 mesh", 2), ("2", 4)]
+    assert rows[0]["jaxdnn_collectives"] == rows[1]["jaxdnn_collectives"] == "none"
+    assert "ar" in rows[2]["jaxdnn_collectives"]
+    for r in rows:
+        assert r["ratio"] == pytest.approx(r["jaxdnn_img_s"] / r["lax_img_s"])
+    assert rows[0]["jaxdnn_scaling"] == rows[0]["lax_scaling"] == 1.0

@@ -78,15 +78,20 @@ def parse_args(model: str, argv=None) -> argparse.Namespace:
     return args
 
 
-def data_parallel(n: int):
+def placement(devices):
     """(put_batch, put_replicated): where a batch and the model's pytrees go for data-parallel
-    training over the first n devices. Plain jit partitions the step from these shardings
+    training over a 1-D mesh of `devices`. Plain jit partitions the step from these shardings
     (jaxdnn's ops carry partitioning rules): each device computes its slice of the batch."""
-    if n == 1:
-        return (lambda a: a), (lambda t: t)
-    mesh = Mesh(np.array(jax.devices()[:n]), ("data",))
+    mesh = Mesh(np.array(devices), ("data",))
     batch, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
     return (lambda a: jax.device_put(a, batch)), (lambda t: jax.device_put(t, replicated))
+
+
+def data_parallel(n: int):
+    """placement() over the first n devices; for one, no mesh (arrays stay where jax puts them)."""
+    if n == 1:
+        return (lambda a: a), (lambda t: t)
+    return placement(jax.devices()[:n])
 
 
 @dataclasses.dataclass
