@@ -26,6 +26,15 @@ from util import PLATFORMS, by_base, needs_cuda_module, on
 NHWC = ("NHWC", "HWIO", "NHWC")
 
 
+@pytest.fixture(autouse=True)
+def _lax_on_the_cpu():
+    """lax's own integer convolutions (the second reference, beside numpy's) run on the CPU:
+    XLA:GPU implements few of them (UNIMPLEMENTED for most of these cases on an H100, jax
+    0.11.2). jaxdnn's calls place their operands on the tested platform with on()."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 def _ref(x, w, *, strides, padding, lhs_dilation=(1, 1), rhs_dilation=(1, 1), groups=1,
          batch_groups=1):
     """Exact 2-D NHWC/HWIO convolution in numpy int64 (wrapping modulo 2^64 like the C types,

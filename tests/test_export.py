@@ -60,9 +60,12 @@ def test_train_step_round_trip():
     step = jax.jit(_train_step)
     exported = jax.export.export(step, disabled_checks=jaxdnn.export_safety_checks())(*args)
     text = exported.mlir_module()
-    for target in ("conv_fwd", "conv_bwd_filter", "norm_fwd", "norm_bwd", "pool_max_fwd_index",
-                   "pool_max_scatter", "activation_fwd", "activation_bwd"):
-        assert f"@jaxdnn_{target}_v{jaxdnn.build_info()['ffi_version']}" in text, target
+    version = jaxdnn.build_info()["ffi_version"]
+    # (a two-call norm algorithm, as the GPU's heuristic picks here, lowers the training
+    # forward to its statistics and apply targets)
+    for target in ("conv_fwd", "conv_bwd_filter", "norm_fwd(_stats)?", "norm_bwd",
+                   "pool_max_fwd_index", "pool_max_scatter", "activation_fwd", "activation_bwd"):
+        assert re.search(f"@jaxdnn_{target}_v{version}\\b", text), target
     restored = jax.export.deserialize(exported.serialize())
     got, want = restored.call(*args), step(*args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
