@@ -25,9 +25,9 @@ import time
 import jax
 
 from bench_e2e import LOSS_STEPS, QUICK_TIMING, TIMING, Side, median_step_seconds, network
+from bench_e2e import sides as bench_sides
 from common import keep_freed_host_memory, write_results
 from hlo import collectives
-from jaxdnn.examples.models import jaxdnn_ops, lax_ops
 from jaxdnn.examples.train import placement
 
 RUNS = [("resnet50", "bfloat16", 128), ("cnn", "float32", 256)]  # (network, dtype, per device)
@@ -47,14 +47,8 @@ def counted(side: Side, x, y) -> str:
 def measure(name: str, dtype: str, per_device: int, devices: int, mesh: bool, args) -> dict:
     """One row: both sides' images/s on `devices` devices (with or without a mesh) and the
     collectives of their compiled steps."""
-    init, apply, shape, classes = network(name, args.quick)
-    params, state = init(jax.random.key(0))
     batch = per_device * devices
-    kx, ky = jax.random.split(jax.random.key(1))
-    x = jax.random.normal(kx, (batch, *shape))
-    y = jax.random.randint(ky, (batch,), 0, classes)
-    sides = [Side(ops, apply, dtype, params, state)
-             for ops in (lax_ops(precision=None), jaxdnn_ops(precision=None))]
+    sides, (x, y) = bench_sides(name, dtype, batch, args.quick)
     if mesh:
         put_batch, put_replicated = placement(jax.devices()[:devices])
         x, y = put_batch(x), put_batch(y)

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxdnn  # noqa: E402
+from jaxdnn.examples import models  # noqa: E402
 from hlo import collectives, gathered_sizes  # noqa: E402
 from util import assert_close  # noqa: E402
 
@@ -33,6 +34,7 @@ MESH1 = Mesh(DEV, ("data",))
 MESH2 = Mesh(DEV.reshape(4, 2), ("data", "model"))
 RNG = np.random.default_rng(0)
 EPS = 1e-5  # jaxdnn's default
+JAXDNN, LAX = models.jaxdnn_ops(), models.lax_ops()  # conv at Precision.HIGHEST on both
 
 
 def rand(*shape):
@@ -123,9 +125,7 @@ def check_pool():
 
 
 def lax_conv(groups=1):
-    return lambda x, w: lax.conv_general_dilated(
-        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
-        feature_group_count=groups, precision=lax.Precision.HIGHEST)
+    return lambda x, w: LAX.conv(x, w, groups=groups)
 
 
 def check_conv():
@@ -219,22 +219,15 @@ def check_norm():
               k=1024, gathers=1, what="batch_norm statistics, mean 1e3")
 
 
-def net(x, w, ops=jaxdnn):
-    """conv + relu + max pool + log_softmax on jaxdnn (or, ops=LAX, the lax twin)."""
-    y = ops.relu(ops.conv(x, w, padding="SAME"))
-    y = ops.max_pool(y, (2, 2), strides=(2, 2))
+def net(x, w, ops=JAXDNN):
+    """conv + relu + max pool + log_softmax on an Ops table of the training example: jaxdnn's,
+    or lax's (LAX, the reference)."""
+    y = ops.relu(ops.conv(x, w))
+    y = ops.max_pool(y, 2, 2, "VALID")
     return ops.log_softmax(y.reshape(y.shape[0], -1))
 
 
-class LAX:
-    conv = staticmethod(lambda x, w, padding: lax_conv()(x, w))
-    relu = staticmethod(jax.nn.relu)
-    max_pool = staticmethod(lambda x, window, strides: lax_pool("max", window, strides,
-                                                                 "VALID")(x))
-    log_softmax = staticmethod(jax.nn.log_softmax)
-
-
-def loss(w, x, ops=jaxdnn):
+def loss(w, x, ops=JAXDNN):
     out = net(x, w, ops)
     return jnp.sum(out * jnp.arange(out.shape[-1], dtype=x.dtype))
 
@@ -255,9 +248,7 @@ def network_counts():
 def cnn_step(ops=None, dtype=jnp.float32):
     """The example CNN's (jaxdnn.examples.models: conv, batch norm, ReLU, residual adds, max
     pool, log_softmax) loss, gradients and new batch-norm state, and its arguments."""
-    from jaxdnn.examples import models  # noqa: PLC0415
-
-    ops = ops or models.jaxdnn_ops()
+    ops = ops or JAXDNN
     params, state = models.cast_floats(
         models.init_cnn(jax.random.key(0), (8, 8, 3), 10, width=16), jnp.float32)
     x, y = rand(16, 8, 8, 3), jnp.asarray(RNG.integers(0, 10, 16), jnp.int32)
@@ -286,9 +277,8 @@ def check_network():
     assert step.get("all-gather", 0) == 6 and all(n <= 8 * 2 * 32 for n in gathered), gathered
 
     # the CNN train step, batch sharded, against the lax model in float64
-    from jaxdnn.examples import models  # noqa: PLC0415
     ours, args = cnn_step()
-    ref, _ = cnn_step(models.lax_ops(), jnp.float64)
+    ref, _ = cnn_step(LAX, jnp.float64)
     expect = jax.jit(ref)(*jax.tree.map(lambda a: np.asarray(a, np.float64)
                                         if a.dtype == np.float32 else a, args))
     for mesh, spec in [(MESH1, P("data")), (MESH2, P(("data", "model")))]:
@@ -301,9 +291,9 @@ def check_network():
     # remat and lax.scan over layers, batch sharded
     ws = 0.3 * rand(3, 3, 3, 4, 4)
 
-    def scanned(x, ws, ops=jaxdnn):
+    def scanned(x, ws, ops=JAXDNN):
         def layer(h, w):
-            return ops.relu(ops.conv(h, w, padding="SAME")), None
+            return ops.relu(ops.conv(h, w)), None
         return jnp.sum(jax.lax.scan(jax.checkpoint(layer), x, ws)[0] * jnp.arange(4.0))
 
     check(jax.grad(scanned, argnums=(0, 1)), jax.grad(lambda x, ws: scanned(x, ws, LAX),
