@@ -91,26 +91,28 @@ inline norm::Pass norm_pass(const std::string& pass) {
   throw std::invalid_argument("norm pass must be fwd, infer or bwd, got " + pass);
 }
 inline norm::Problem norm_problem(const std::vector<int64_t>& shape, const std::string& dtype,
-                                  bool centered) {
+                                  bool centered, bool relu, bool residual) {
   if (shape.size() != 6) throw std::invalid_argument("norm shape needs 6 entries");
   norm::Problem p;
   p.s = norm::Shape{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5]};
   p.dtype = dtype_from_name(dtype);
   p.centered = centered;
+  p.epi = {relu, residual};
   Status st = norm::validate(p.s);
   if (!st.ok()) throw std::invalid_argument("norm shape: " + st.message);
   return p;
 }
 
-// Binds norm_algorithms(pass, shape, dtype, centered) of a registry `algorithms(pass, problem)`:
-// its dicts in preference order, each with two_calls (a training forward as two calls).
+// Binds norm_algorithms(pass, shape, dtype, centered, relu, residual) of a registry
+// `algorithms(pass, problem)` (relu, residual: the fused epilogue, norm.h Epilogue): its dicts in
+// preference order, each with two_calls (a training forward as two calls).
 template <typename Registry>
 void def_norm_algorithms(nanobind::module_& m, Registry algorithms) {
   m.def(
       "norm_algorithms",
       [algorithms](std::string pass, std::vector<int64_t> shape, std::string dtype,
-                   bool centered) {
-        const norm::Problem p = norm_problem(shape, dtype, centered);
+                   bool centered, bool relu, bool residual) {
+        const norm::Problem p = norm_problem(shape, dtype, centered, relu, residual);
         nanobind::list out;
         for (const norm::Algorithm* a : algorithms(norm_pass(pass), p)) {
           nanobind::dict d = describe_algorithm(a->name, a->supports(p));
@@ -120,7 +122,8 @@ void def_norm_algorithms(nanobind::module_& m, Registry algorithms) {
         return out;
       },
       nanobind::arg("pass_"), nanobind::arg("shape"), nanobind::arg("dtype"),
-      nanobind::arg("centered"));
+      nanobind::arg("centered"), nanobind::arg("relu") = false,
+      nanobind::arg("residual") = false);
 }
 
 // Binds pool_algorithms(op, problem, dtype, count_include_pad) of a pool registry: the

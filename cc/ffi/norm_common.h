@@ -6,17 +6,22 @@
 // Targets. Every operand is a flat vector in the canonical order of cc/norm/norm.h (flat, so
 // that XLA passes the caller's buffers with no relayout copy); the shape attribute gives
 // [P, A, C, K, T, Q]. Statistics and affine arrays are float32, or float64 for float64 x:
-//   jaxdnn_norm_fwd        x, scale, bias                     -> y, mean, var, workspace
-//   jaxdnn_norm_infer      x, scale, bias, mean, var          -> y
-//   jaxdnn_norm_bwd        dy, dmean, dvar, x, scale, mean, var -> dx, dscale, dbias, workspace
-//   jaxdnn_norm_infer_bwd  dy, x, scale, mean, var            -> dx, dscale, dbias, dmean, dvar,
-//                                                                workspace
+//   jaxdnn_norm_fwd        x, scale, bias, residual           -> y, mean, var, workspace
+//   jaxdnn_norm_infer      x, scale, bias, mean, var, residual -> y
+//   jaxdnn_norm_bwd        dy, dmean, dvar, x, scale, mean, var, bias, residual
+//                                                 -> dx, dscale, dbias, dresidual, workspace
+//   jaxdnn_norm_infer_bwd  dy, x, scale, mean, var, bias, residual
+//                                    -> dx, dscale, dbias, dmean, dvar, dresidual, workspace
 // CUDA only, the halves of a two-call training forward (norm.h: Algorithm::two_calls;
 // jaxdnn/ops/norm.py):
 //   jaxdnn_norm_fwd_stats  x, scale, bias                     -> mean, var, workspace
-//   jaxdnn_norm_fwd_apply  x, scale, bias, mean, var, workspace -> y
+//   jaxdnn_norm_fwd_apply  x, scale, bias, mean, var, workspace, residual -> y
+// The fused epilogue (norm.h Epilogue): residual is x-like, or empty for none; the backwards
+// take bias (affine) and residual only with relu (else both empty), and write dresidual (x-like)
+// only with relu and a residual (else it is empty).
 // Attributes: shape (int64[6]), eps (float32); centered (bool, training targets only: false is
-// RMS norm); algo (string: an algorithm of the platform's registry for the target's pass).
+// RMS norm); relu (bool, every target but fwd_stats); algo (string: an algorithm of the
+// platform's registry for the target's pass).
 #pragma once
 
 #include <initializer_list>
@@ -60,6 +65,12 @@ struct NormCheck {
   ffi::Error affine(const ffi::AnyBuffer& b, const char* name) const {
     return expect(b, name, p.s.Q * p.s.CK(), stat_dtype());
   }
+  // An x-like operand of the epilogue, or (allowed) an empty one.
+  ffi::Error like_x_or_empty(const ffi::AnyBuffer& b, const char* name, bool allowed) const {
+    if (b.element_count() == 0) return expect(b, name, 0, p.dtype);
+    if (!allowed) return invalid(where + ": operand " + name + " must be empty here");
+    return like_x(b, name);
+  }
   ffi::Error workspace(const ffi::AnyBuffer& b, int64_t bytes) const {
     if (b.dimensions().size() != 1 || b.dimensions()[0] != bytes ||
         b.element_type() != ffi::DataType::U8)
@@ -91,16 +102,27 @@ inline ffi::Error first_error(std::initializer_list<ffi::Error> errors) {
   return ffi::Error::Success();
 }
 
+// The epilogue of a call (norm.h Epilogue): relu, and the residual where it is not empty.
+inline void set_epilogue(const ffi::AnyBuffer* residual, bool relu, norm::Problem* p,
+                         const void** data) {
+  p->epi.relu = relu;
+  p->epi.residual = residual && residual->element_count() > 0;
+  *data = p->epi.residual ? residual->untyped_data() : nullptr;
+}
+
 // Decoders of the targets: check every operand and fill the problem and buffers. The training
 // forward, or (y null) the statistics half of the two-call forward.
 inline ffi::Error prepare_norm_fwd(const char* target, const ffi::AnyBuffer& x,
                                    const ffi::AnyBuffer& scale, const ffi::AnyBuffer& bias,
-                                   ffi::AnyBuffer* y, ffi::AnyBuffer& mean, ffi::AnyBuffer& var,
-                                   ffi::AnyBuffer& ws, I64Span shape, float eps, bool centered,
+                                   const ffi::AnyBuffer* residual, ffi::AnyBuffer* y,
+                                   ffi::AnyBuffer& mean, ffi::AnyBuffer& var, ffi::AnyBuffer& ws,
+                                   I64Span shape, float eps, bool centered, bool relu,
                                    norm::Problem* p, norm::FwdBuffers* b) {
   if (ffi::Error e = decode_norm(target, x, shape, eps, centered, p); e.failure()) return e;
   const NormCheck c{*p, std::string("jaxdnn ") + target};
   if (ffi::Error e = first_error({c.affine(scale, "scale"), c.affine(bias, "bias"),
+                                  residual ? c.like_x_or_empty(*residual, "residual", true)
+                                           : ffi::Error::Success(),
                                   y ? c.like_x(*y, "y") : ffi::Error::Success(),
                                   c.stats(mean, "mean"), c.stats(var, "var"),
                                   c.workspace(ws, norm::fwd_workspace_bytes(p->s))});
@@ -109,6 +131,7 @@ inline ffi::Error prepare_norm_fwd(const char* target, const ffi::AnyBuffer& x,
   *b = {x.untyped_data(), scale.untyped_data(), bias.untyped_data(),
         y ? y->untyped_data() : nullptr, mean.untyped_data(), var.untyped_data(),
         ws.untyped_data()};
+  set_epilogue(residual, relu, p, &b->residual);
   return ffi::Error::Success();
 }
 
@@ -117,14 +140,14 @@ inline ffi::Error prepare_norm_fwd(const char* target, const ffi::AnyBuffer& x,
 inline ffi::Error prepare_norm_apply(const char* target, const ffi::AnyBuffer& x,
                                      const ffi::AnyBuffer& scale, const ffi::AnyBuffer& bias,
                                      const ffi::AnyBuffer& mean, const ffi::AnyBuffer& var,
-                                     const ffi::AnyBuffer* ws, ffi::AnyBuffer& y, I64Span shape,
-                                     float eps, bool centered, norm::Problem* p,
-                                     norm::FwdBuffers* b) {
+                                     const ffi::AnyBuffer* ws, const ffi::AnyBuffer& residual,
+                                     ffi::AnyBuffer& y, I64Span shape, float eps, bool centered,
+                                     bool relu, norm::Problem* p, norm::FwdBuffers* b) {
   if (ffi::Error e = decode_norm(target, x, shape, eps, centered, p); e.failure()) return e;
   const NormCheck c{*p, std::string("jaxdnn ") + target};
   if (ffi::Error e = first_error(
           {c.affine(scale, "scale"), c.affine(bias, "bias"), c.stats(mean, "mean"),
-           c.stats(var, "var"),
+           c.stats(var, "var"), c.like_x_or_empty(residual, "residual", true),
            ws ? c.workspace(*ws, norm::fwd_workspace_bytes(p->s)) : ffi::Error::Success(),
            c.like_x(y, "y")});
       e.failure())
@@ -132,6 +155,7 @@ inline ffi::Error prepare_norm_apply(const char* target, const ffi::AnyBuffer& x
   *b = {x.untyped_data(), scale.untyped_data(), bias.untyped_data(), y.untyped_data(),
         const_cast<void*>(mean.untyped_data()), const_cast<void*>(var.untyped_data()),
         ws ? const_cast<void*>(ws->untyped_data()) : nullptr};
+  set_epilogue(&residual, relu, p, &b->residual);
   return ffi::Error::Success();
 }
 
@@ -151,15 +175,36 @@ inline void set_bwd_buffers(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
   b->ws = ws.untyped_data();
 }
 
+// The backward's epilogue operands (see the header): bias and residual with relu only, and
+// dresidual exactly when both relu and a residual are there.
+inline ffi::Error set_bwd_epilogue(const NormCheck& c, const ffi::AnyBuffer& bias,
+                                   const ffi::AnyBuffer& residual, ffi::AnyBuffer& dresidual,
+                                   bool relu, norm::Problem* p, norm::BwdBuffers* b) {
+  if (ffi::Error e = first_error(
+          {relu ? c.affine(bias, "bias") : c.expect(bias, "bias", 0, c.stat_dtype()),
+           c.like_x_or_empty(residual, "residual", relu),
+           c.like_x_or_empty(dresidual, "dresidual", relu && residual.element_count() > 0)});
+      e.failure())
+    return e;
+  if (relu && residual.element_count() != dresidual.element_count())
+    return invalid(c.where + ": dresidual must be x-like exactly when there is a residual");
+  set_epilogue(&residual, relu, p, &b->residual);
+  b->bias = relu ? bias.untyped_data() : nullptr;
+  b->dresidual = p->epi.residual ? dresidual.untyped_data() : nullptr;
+  return ffi::Error::Success();
+}
+
 // Training backward: dmean/dvar are the cotangents of the statistics outputs (empty: zero, and
 // the kernels get null pointers).
 inline ffi::Error prepare_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& dmean,
                                    const ffi::AnyBuffer& dvar, const ffi::AnyBuffer& x,
                                    const ffi::AnyBuffer& scale, const ffi::AnyBuffer& mean,
-                                   const ffi::AnyBuffer& var, ffi::AnyBuffer& dx,
+                                   const ffi::AnyBuffer& var, const ffi::AnyBuffer& bias,
+                                   const ffi::AnyBuffer& residual, ffi::AnyBuffer& dx,
                                    ffi::AnyBuffer& dscale, ffi::AnyBuffer& dbias,
-                                   ffi::AnyBuffer& ws, I64Span shape, float eps,
-                                   bool centered, norm::Problem* p, norm::BwdBuffers* b) {
+                                   ffi::AnyBuffer& dresidual, ffi::AnyBuffer& ws, I64Span shape,
+                                   float eps, bool centered, bool relu, norm::Problem* p,
+                                   norm::BwdBuffers* b) {
   if (ffi::Error e = decode_norm("norm_bwd", x, shape, eps, centered, p); e.failure()) return e;
   const NormCheck c{*p, "jaxdnn norm_bwd"};
   if (ffi::Error e = first_error({c.like_x(dy, "dy"), c.stats_cotangent(dmean, "dmean"),
@@ -173,16 +218,18 @@ inline ffi::Error prepare_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffe
   b->training = true;
   b->dmean = dmean.element_count() ? dmean.untyped_data() : nullptr;
   b->dvar = dvar.element_count() ? dvar.untyped_data() : nullptr;
-  return ffi::Error::Success();
+  return set_bwd_epilogue(c, bias, residual, dresidual, relu, p, b);
 }
 
 inline ffi::Error prepare_norm_infer_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
                                          const ffi::AnyBuffer& scale, const ffi::AnyBuffer& mean,
-                                         const ffi::AnyBuffer& var, ffi::AnyBuffer& dx,
+                                         const ffi::AnyBuffer& var, const ffi::AnyBuffer& bias,
+                                         const ffi::AnyBuffer& residual, ffi::AnyBuffer& dx,
                                          ffi::AnyBuffer& dscale, ffi::AnyBuffer& dbias,
                                          ffi::AnyBuffer& dmean, ffi::AnyBuffer& dvar,
-                                         ffi::AnyBuffer& ws, I64Span shape, float eps,
-                                         norm::Problem* p, norm::BwdBuffers* b) {
+                                         ffi::AnyBuffer& dresidual, ffi::AnyBuffer& ws,
+                                         I64Span shape, float eps, bool relu, norm::Problem* p,
+                                         norm::BwdBuffers* b) {
   if (ffi::Error e = decode_norm("norm_infer_bwd", x, shape, eps, true, p); e.failure())
     return e;
   const NormCheck c{*p, "jaxdnn norm_infer_bwd"};
@@ -197,32 +244,48 @@ inline ffi::Error prepare_norm_infer_bwd(const ffi::AnyBuffer& dy, const ffi::An
   b->training = false;
   b->dmean_out = dmean.untyped_data();
   b->dvar_out = dvar.untyped_data();
-  return ffi::Error::Success();
+  return set_bwd_epilogue(c, bias, residual, dresidual, relu, p, b);
 }
 
 // Operand lists of the targets (identical on both platforms): kArgs buffers in, kRets out, then
-// the shape and eps attributes, for the training targets (kCentered) centered, and algo. (A binding
-// is not movable: each step returns a new one.)
-template <int kArgs, int kRets, bool kCentered, typename B>
+// the shape and eps attributes, for the training targets (kCentered) centered, for every target
+// with an epilogue (kRelu) relu, and algo. (A binding is not movable: each step returns a new
+// one.)
+template <int kArgs, int kRets, bool kCentered, bool kRelu, typename B>
 auto bind_norm(B&& b) {
-  if constexpr (kArgs > 0)
-    return bind_norm<kArgs - 1, kRets, kCentered>(
+  if constexpr (kArgs > 0) {
+    return bind_norm<kArgs - 1, kRets, kCentered, kRelu>(
         std::forward<B>(b).template Arg<ffi::AnyBuffer>());
-  else if constexpr (kRets > 0)
-    return bind_norm<0, kRets - 1, kCentered>(std::forward<B>(b).template Ret<ffi::AnyBuffer>());
-  else if constexpr (kCentered)
+  } else if constexpr (kRets > 0) {
+    return bind_norm<0, kRets - 1, kCentered, kRelu>(
+        std::forward<B>(b).template Ret<ffi::AnyBuffer>());
+  } else if constexpr (kCentered && kRelu) {
+    return std::forward<B>(b).template Attr<I64Span>("shape").template Attr<float>("eps")
+        .template Attr<bool>("centered").template Attr<bool>("relu")
+        .template Attr<std::string_view>("algo");
+  } else if constexpr (kCentered) {
     return std::forward<B>(b).template Attr<I64Span>("shape").template Attr<float>("eps")
         .template Attr<bool>("centered").template Attr<std::string_view>("algo");
-  else
+  } else {
+    static_assert(kRelu, "every target without `centered` has an epilogue");
     return std::forward<B>(b).template Attr<I64Span>("shape").template Attr<float>("eps")
-        .template Attr<std::string_view>("algo");
+        .template Attr<bool>("relu").template Attr<std::string_view>("algo");
+  }
 }
-template <typename B> auto bind_norm_fwd(B b) { return bind_norm<3, 4, true>(std::move(b)); }
-template <typename B> auto bind_norm_fwd_stats(B b) { return bind_norm<3, 3, true>(std::move(b)); }
-template <typename B> auto bind_norm_fwd_apply(B b) { return bind_norm<6, 1, true>(std::move(b)); }
-template <typename B> auto bind_norm_infer(B b) { return bind_norm<5, 1, false>(std::move(b)); }
-template <typename B> auto bind_norm_bwd(B b) { return bind_norm<7, 4, true>(std::move(b)); }
-template <typename B> auto bind_norm_infer_bwd(B b) { return bind_norm<5, 6, false>(std::move(b)); }
+template <typename B> auto bind_norm_fwd(B b) { return bind_norm<4, 4, true, true>(std::move(b)); }
+template <typename B> auto bind_norm_fwd_stats(B b) {
+  return bind_norm<3, 3, true, false>(std::move(b));
+}
+template <typename B> auto bind_norm_fwd_apply(B b) {
+  return bind_norm<7, 1, true, true>(std::move(b));
+}
+template <typename B> auto bind_norm_infer(B b) {
+  return bind_norm<6, 1, false, true>(std::move(b));
+}
+template <typename B> auto bind_norm_bwd(B b) { return bind_norm<9, 5, true, true>(std::move(b)); }
+template <typename B> auto bind_norm_infer_bwd(B b) {
+  return bind_norm<7, 7, false, true>(std::move(b));
+}
 
 // The algorithm named `name` of the platform's registry for `pass`, which must support p and,
 // for a training forward, run as one call (half kAll) or two (a half).
@@ -250,70 +313,77 @@ struct NormHandlers {
   using Ret = ffi::Result<ffi::AnyBuffer>;
 
   static ffi::Error Fwd(Ctx ctx, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
-                        Ret y, Ret mean, Ret var, Ret ws, I64Span shape, float eps, bool centered,
-                        std::string_view algo) {
-    return train(ctx, "norm_fwd", norm::Half::kAll, x, scale, bias, &*y, *mean, *var, *ws,
-                 shape, eps, centered, algo, {&y, &mean, &var, &ws});
+                        ffi::AnyBuffer residual, Ret y, Ret mean, Ret var, Ret ws, I64Span shape,
+                        float eps, bool centered, bool relu, std::string_view algo) {
+    return train(ctx, "norm_fwd", norm::Half::kAll, x, scale, bias, &residual, &*y, *mean, *var,
+                 *ws, shape, eps, centered, relu, algo, {&y, &mean, &var, &ws});
   }
 
   static ffi::Error FwdStats(Ctx ctx, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
                              Ret mean, Ret var, Ret ws, I64Span shape, float eps, bool centered,
                              std::string_view algo) {
-    return train(ctx, "norm_fwd_stats", norm::Half::kStats, x, scale, bias, nullptr, *mean, *var,
-                 *ws, shape, eps, centered, algo, {&mean, &var, &ws});
+    return train(ctx, "norm_fwd_stats", norm::Half::kStats, x, scale, bias, nullptr, nullptr,
+                 *mean, *var, *ws, shape, eps, centered, false, algo, {&mean, &var, &ws});
   }
 
   static ffi::Error FwdApply(Ctx ctx, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
-                             ffi::AnyBuffer mean, ffi::AnyBuffer var, ffi::AnyBuffer ws, Ret y,
-                             I64Span shape, float eps, bool centered, std::string_view algo) {
+                             ffi::AnyBuffer mean, ffi::AnyBuffer var, ffi::AnyBuffer ws,
+                             ffi::AnyBuffer residual, Ret y, I64Span shape, float eps,
+                             bool centered, bool relu, std::string_view algo) {
     return apply(ctx, "norm_fwd_apply", norm::Pass::kTrain, norm::Half::kApply, x, scale, bias,
-                 mean, var, &ws, y, shape, eps, centered, algo);
+                 mean, var, &ws, residual, y, shape, eps, centered, relu, algo);
   }
 
   static ffi::Error Infer(Ctx ctx, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
-                          ffi::AnyBuffer mean, ffi::AnyBuffer var, Ret y, I64Span shape,
-                          float eps, std::string_view algo) {
+                          ffi::AnyBuffer mean, ffi::AnyBuffer var, ffi::AnyBuffer residual, Ret y,
+                          I64Span shape, float eps, bool relu, std::string_view algo) {
     return apply(ctx, "norm_infer", norm::Pass::kInfer, norm::Half::kAll, x, scale, bias, mean,
-                 var, nullptr, y, shape, eps, true, algo);
+                 var, nullptr, residual, y, shape, eps, true, relu, algo);
   }
 
   static ffi::Error Bwd(Ctx ctx, ffi::AnyBuffer dy, ffi::AnyBuffer dmean, ffi::AnyBuffer dvar,
                         ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer mean,
-                        ffi::AnyBuffer var, Ret dx, Ret dscale, Ret dbias, Ret ws, I64Span shape,
-                        float eps, bool centered, std::string_view algo) {
+                        ffi::AnyBuffer var, ffi::AnyBuffer bias, ffi::AnyBuffer residual, Ret dx,
+                        Ret dscale, Ret dbias, Ret dresidual, Ret ws, I64Span shape, float eps,
+                        bool centered, bool relu, std::string_view algo) {
     norm::Problem p;
     norm::BwdBuffers b;
-    if (ffi::Error e = prepare_norm_bwd(dy, dmean, dvar, x, scale, mean, var, *dx, *dscale,
-                                        *dbias, *ws, shape, eps, centered, &p, &b);
+    if (ffi::Error e = prepare_norm_bwd(dy, dmean, dvar, x, scale, mean, var, bias, residual, *dx,
+                                        *dscale, *dbias, *dresidual, *ws, shape, eps, centered,
+                                        relu, &p, &b);
         e.failure())
       return e;
-    return backward(ctx, "norm_bwd", p, b, algo, {&dx, &dscale, &dbias, &ws});
+    return backward(ctx, "norm_bwd", p, b, algo, {&dx, &dscale, &dbias, &dresidual, &ws});
   }
 
   static ffi::Error InferBwd(Ctx ctx, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer scale,
-                             ffi::AnyBuffer mean, ffi::AnyBuffer var, Ret dx, Ret dscale,
-                             Ret dbias, Ret dmean, Ret dvar, Ret ws, I64Span shape, float eps,
+                             ffi::AnyBuffer mean, ffi::AnyBuffer var, ffi::AnyBuffer bias,
+                             ffi::AnyBuffer residual, Ret dx, Ret dscale, Ret dbias, Ret dmean,
+                             Ret dvar, Ret dresidual, Ret ws, I64Span shape, float eps, bool relu,
                              std::string_view algo) {
     norm::Problem p;
     norm::BwdBuffers b;
-    if (ffi::Error e = prepare_norm_infer_bwd(dy, x, scale, mean, var, *dx, *dscale, *dbias,
-                                              *dmean, *dvar, *ws, shape, eps, &p, &b);
+    if (ffi::Error e = prepare_norm_infer_bwd(dy, x, scale, mean, var, bias, residual, *dx,
+                                              *dscale, *dbias, *dmean, *dvar, *dresidual, *ws,
+                                              shape, eps, relu, &p, &b);
         e.failure())
       return e;
-    return backward(ctx, "norm_infer_bwd", p, b, algo, {&dx, &dscale, &dbias, &dmean, &dvar, &ws});
+    return backward(ctx, "norm_infer_bwd", p, b, algo,
+                    {&dx, &dscale, &dbias, &dmean, &dvar, &dresidual, &ws});
   }
 
  private:
   static ffi::Error train(Ctx ctx, const char* target, norm::Half half, ffi::AnyBuffer& x,
-                          ffi::AnyBuffer& scale, ffi::AnyBuffer& bias, ffi::AnyBuffer* y,
-                          ffi::AnyBuffer& mean, ffi::AnyBuffer& var, ffi::AnyBuffer& ws,
-                          I64Span shape, float eps, bool centered, std::string_view algo,
+                          ffi::AnyBuffer& scale, ffi::AnyBuffer& bias,
+                          const ffi::AnyBuffer* residual, ffi::AnyBuffer* y, ffi::AnyBuffer& mean,
+                          ffi::AnyBuffer& var, ffi::AnyBuffer& ws, I64Span shape, float eps,
+                          bool centered, bool relu, std::string_view algo,
                           std::initializer_list<Ret*> results) {
     norm::Problem p;
     norm::FwdBuffers b;
     const norm::Algorithm* a = nullptr;
-    if (ffi::Error e = prepare_norm_fwd(target, x, scale, bias, y, mean, var, ws, shape, eps,
-                                        centered, &p, &b);
+    if (ffi::Error e = prepare_norm_fwd(target, x, scale, bias, residual, y, mean, var, ws, shape,
+                                        eps, centered, relu, &p, &b);
         e.failure())
       return e;
     if (ffi::Error e = find_norm_algorithm<Platform>(target, norm::Pass::kTrain, half, p, algo, &a);
@@ -326,13 +396,13 @@ struct NormHandlers {
   static ffi::Error apply(Ctx ctx, const char* target, norm::Pass pass, norm::Half half,
                           ffi::AnyBuffer& x, ffi::AnyBuffer& scale, ffi::AnyBuffer& bias,
                           ffi::AnyBuffer& mean, ffi::AnyBuffer& var, const ffi::AnyBuffer* ws,
-                          Ret& y, I64Span shape, float eps, bool centered,
-                          std::string_view algo) {
+                          const ffi::AnyBuffer& residual, Ret& y, I64Span shape, float eps,
+                          bool centered, bool relu, std::string_view algo) {
     norm::Problem p;
     norm::FwdBuffers b;
     const norm::Algorithm* a = nullptr;
-    if (ffi::Error e = prepare_norm_apply(target, x, scale, bias, mean, var, ws, *y, shape, eps,
-                                          centered, &p, &b);
+    if (ffi::Error e = prepare_norm_apply(target, x, scale, bias, mean, var, ws, residual, *y,
+                                          shape, eps, centered, relu, &p, &b);
         e.failure())
       return e;
     if (ffi::Error e = find_norm_algorithm<Platform>(target, pass, half, p, algo, &a); e.failure())

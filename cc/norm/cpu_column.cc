@@ -22,6 +22,9 @@
 //          Traffic: read x, write y.
 //   grads  per-column sums of dy*xhat and dy over the slice. Traffic: read x, dy.
 //   dx     dx = scale*rstd*dy + (x - mean)*c1 + c2.          Traffic: read x, dy, write dx.
+// The fused epilogue (norm.h Epilogue) rides on the replicated path of each pass: apply adds
+// the residual and applies the ReLU (traffic + read residual); grads and dx mask dy where the
+// recomputed z <= 0 (+ read residual), and dx writes the masked dy as d(residual).
 
 #include <cstring>
 #include <initializer_list>
@@ -243,6 +246,19 @@ JAXDNN_ALWAYS_INLINE void column_stats_of(const View& v, const Tile& t, S<T>* mu
   }
 }
 
+// The apply's per-column coefficients from (rstd) gg and the affine parameters: gg *= scale,
+// and bb = bias unless bias is null (the forward's, and the backward's recomputation of z
+// under the epilogue).
+template <typename T>
+JAXDNN_ALWAYS_INLINE void affine_coefs(const Shape& s, const Tile& t, const S<T>* scale,
+                                       const S<T>* bias, S<T>* gg, S<T>* bb) {
+  const int64_t affine = t.p / s.Pq() * s.CK() + t.j0;
+  for (int64_t j = 0; j < t.w; ++j) {
+    gg[j] *= scale[affine + j];
+    if (bias) bb[j] = bias[affine + j];
+  }
+}
+
 // Register path of the apply pass. The AVX2 clone takes four rows per step: each vector's
 // coefficients are loaded once per step (1.75 loads per vector of x) and the step reads 4
 // consecutive rows. One thread, batch_norm_inference 8x56x56x64 float32 (dev/cpu_norm_bench.cc,
@@ -290,16 +306,14 @@ JAXDNN_ALWAYS_INLINE void column_apply_narrow(const FwdView<T>& v, const Tile& t
 template <typename T>
 JAXDNN_ALWAYS_INLINE void column_apply_tile(const FwdView<T>& v, const Tile& t, S<T>* buf) {
   const Shape& s = v.s;
-  const int64_t n = t.R * t.w, affine = t.p / s.Pq() * s.CK() + t.j0;
+  const int64_t n = t.R * t.w;
   S<T>* mu = buf;
   S<T>* gg = buf + n;
   S<T>* bb = buf + 2 * n;
   column_stats_of<T>(v, t, mu, gg);
-  for (int64_t j = 0; j < t.w; ++j) {
-    gg[j] *= v.scale[affine + j];
-    bb[j] = v.bias[affine + j];
-  }
-  if (with_narrow<T>(t, [&](auto nv) JAXDNN_INLINE_LAMBDA {
+  affine_coefs<T>(v.s, t, v.scale, v.bias, gg, bb);
+  const bool fused = v.relu || v.residual;
+  if (!fused && with_narrow<T>(t, [&](auto nv) JAXDNN_INLINE_LAMBDA {
         column_apply_narrow<decltype(nv)::value>(v, t, mu, gg, bb);
       }))
     return;
@@ -307,14 +321,34 @@ JAXDNN_ALWAYS_INLINE void column_apply_tile(const FwdView<T>& v, const Tile& t, 
   for (int64_t g = 0; g < t.supers(); ++g) {
     const int64_t row = row_offset(s, t, t.a0 + g * t.R);
     const T* x = v.x + row;
+    const T* r = v.residual ? v.residual + row : nullptr;
     T* y = v.y + row;
     for_lanes<T>(t.rows(g) * t.w, [&](int64_t i, auto tag) {
-      put(y, i, (at(x, i, tag) - at(mu, i, tag)) * at(gg, i, tag) + at(bb, i, tag), tag);
+      auto z = (at(x, i, tag) - at(mu, i, tag)) * at(gg, i, tag) + at(bb, i, tag);
+      if (fused) {
+        if (r) z += at(r, i, tag);
+        if (v.relu) z = relu_of(z);
+      }
+      put(y, i, z, tag);
     });
   }
 }
 
-// buf holds 4*R*w values: mean, rstd, and the two sums per (replica, column).
+// dy masked by the epilogue's ReLU at value i (z from x, the per-column mean, rstd*scale and
+// bias, and the residual r, null when there is none), or dy itself without the ReLU.
+template <typename T, typename Tag>
+JAXDNN_ALWAYS_INLINE auto masked_dy(const BwdView<T>& v, const T* x, const T* dy, const T* r,
+                                    const S<T>* mu, const S<T>* gz, const S<T>* bz, int64_t i,
+                                    Tag tag) {
+  const auto d = at(dy, i, tag);
+  if (!v.relu) return d;
+  auto z = (at(x, i, tag) - at(mu, i, tag)) * at(gz, i, tag) + at(bz, i, tag);
+  if (r) z += at(r, i, tag);
+  return relu_mask(z, d);
+}
+
+// buf holds 6*R*w values: mean, rstd, the two sums, and (epilogue) rstd*scale and bias per
+// (replica, column).
 template <typename T>
 JAXDNN_ALWAYS_INLINE void column_grads_tile(const BwdView<T>& v, const Tile& t, int64_t nslices,
                                             S<T>* buf) {
@@ -324,15 +358,23 @@ JAXDNN_ALWAYS_INLINE void column_grads_tile(const BwdView<T>& v, const Tile& t, 
   S<T>* rs = buf + n;
   S<T>* sdyx = buf + 2 * n;
   S<T>* sdy = buf + 3 * n;
+  S<T>* gz = buf + 4 * n;
+  S<T>* bz = buf + 5 * n;
   column_stats_of<T>(v, t, mu, rs);
+  if (v.relu) {
+    std::memcpy(gz, rs, size_t(t.w) * sizeof(S<T>));
+    affine_coefs<T>(s, t, v.scale, v.bias, gz, bz);
+    for (S<T>* c : {gz, bz}) replicate<T>(c, t);
+  }
   for (S<T>* c : {mu, rs}) replicate<T>(c, t);
   for (int64_t i = 0; i < n; ++i) sdyx[i] = sdy[i] = 0;
   for (int64_t g = 0; g < t.supers(); ++g) {
     const int64_t row = row_offset(s, t, t.a0 + g * t.R);
     const T* x = v.x + row;
     const T* dy = v.dy + row;
+    const T* r = v.residual ? v.residual + row : nullptr;
     for_lanes<T>(t.rows(g) * t.w, [&](int64_t i, auto tag) {
-      const auto d = at(dy, i, tag);
+      const auto d = masked_dy(v, x, dy, r, mu, gz, bz, i, tag);
       put(sdyx, i, at(sdyx, i, tag) + d * (at(x, i, tag) - at(mu, i, tag)), tag);
       put(sdy, i, at(sdy, i, tag) + d, tag);
     });
@@ -349,33 +391,38 @@ JAXDNN_ALWAYS_INLINE void column_grads_tile(const BwdView<T>& v, const Tile& t, 
   }
 }
 
-// buf holds 4*R*w coefficients.
+// buf holds 5*R*w coefficients (the fifth plane: the epilogue's bias).
 template <typename T>
 JAXDNN_ALWAYS_INLINE void column_dx_tile(const BwdView<T>& v, const Tile& t, S<T>* buf) {
   const Shape& s = v.s;
-  const int64_t n = t.R * t.w, affine = t.p / s.Pq() * s.CK() + t.j0;
+  const int64_t n = t.R * t.w;
   S<T>* mu = buf;
   S<T>* gr = buf + n;
   S<T>* c1 = buf + 2 * n;
   S<T>* c2 = buf + 3 * n;
+  S<T>* bz = buf + 4 * n;
   column_stats_of<T>(v, t, mu, gr);
+  affine_coefs<T>(s, t, v.scale, v.relu ? v.bias : nullptr, gr, bz);
   for (int64_t j = 0; j < t.w; ++j) {
     const int64_t g = t.p * s.C + (t.j0 + j) / s.K;
-    gr[j] *= v.scale[affine + j];
     c1[j] = v.coef[2 * g];
     c2[j] = v.coef[2 * g + 1];
   }
   for (S<T>* c : {mu, gr, c1, c2}) replicate<T>(c, t);
+  if (v.relu) replicate<T>(bz, t);
   for (int64_t g = 0; g < t.supers(); ++g) {
     const int64_t row = row_offset(s, t, t.a0 + g * t.R);
     const T* x = v.x + row;
     const T* dy = v.dy + row;
+    const T* r = v.residual ? v.residual + row : nullptr;
     T* dx = v.dx + row;
+    T* dres = v.dres ? v.dres + row : nullptr;
     for_lanes<T>(t.rows(g) * t.w, [&](int64_t i, auto tag) {
-      put(dx, i,
-          at(gr, i, tag) * at(dy, i, tag) + (at(x, i, tag) - at(mu, i, tag)) * at(c1, i, tag) +
-              at(c2, i, tag),
+      const auto d = masked_dy(v, x, dy, r, mu, gr, bz, i, tag);
+      put(dx, i, at(gr, i, tag) * d + (at(x, i, tag) - at(mu, i, tag)) * at(c1, i, tag) +
+                     at(c2, i, tag),
           tag);
+      if (dres) put(dres, i, d, tag);
     });
   }
 }
@@ -425,14 +472,14 @@ void column_apply(const FwdView<T>& v, const Parallel& par) {
 
 template <typename T>
 void column_grads(const BwdView<T>& v, const Parallel& par) {
-  over_tiles<T>(v, par, 4, [&](auto tile, auto slices, S<T>* buf) {
+  over_tiles<T>(v, par, 6, [&](auto tile, auto slices, S<T>* buf) {
     column_grads_task(v, tile, slices, buf);
   });
 }
 
 template <typename T>
 void column_dx(const BwdView<T>& v, const Parallel& par) {
-  over_tiles<T>(v, par, 4, [&](auto tile, auto, S<T>* buf) { column_dx_task(v, tile, buf); });
+  over_tiles<T>(v, par, 5, [&](auto tile, auto, S<T>* buf) { column_dx_task(v, tile, buf); });
 }
 
 JAXDNN_NORM_CPU_INSTANTIATE(column_stats, FwdView);

@@ -75,6 +75,8 @@ struct FwdView {
   S<T>* var;
   double* ws0;  // partial means
   double* ws1;  // partial sums of squared deviations
+  const T* residual;  // the epilogue (norm.h Epilogue; column path): added before the ReLU
+  bool relu;
 };
 
 template <typename T>
@@ -97,7 +99,18 @@ struct BwdView {
   S<T>* ws0;  // sum dy*xhat partials
   S<T>* ws1;  // sum dy partials
   S<T>* coef;  // (P, C, 2): dx = scale*rstd*dy + (x - mean)*c1 + c2
+  // The epilogue's ReLU (norm.h Epilogue; column path): dy is masked where z <= 0, z from x,
+  // the statistics, bias and the residual (null: none); dres (null: not wanted) gets the masked dy.
+  bool relu;
+  const S<T>* bias;
+  const T* residual;
+  T* dres;
 };
+
+// The epilogue's activation and its derivative's mask (norm.h Epilogue), on one value or a
+// vector: max(z, 0) with NaN kept; d where z > 0, else 0.
+template <typename Z> JAXDNN_ALWAYS_INLINE Z relu_of(Z z) { return z <= 0 ? Z{} : z; }
+template <typename Z> JAXDNN_ALWAYS_INLINE Z relu_mask(Z z, Z d) { return z > 0 ? d : Z{}; }
 
 // ---- Shared numerics ------------------------------------------------------------------------
 

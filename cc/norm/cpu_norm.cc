@@ -80,7 +80,7 @@ FwdView<T> fwd_view(const Problem& p, const FwdBuffers& b) {
   return {p.s, p.centered, S<T>(p.eps), static_cast<const T*>(b.x),
           static_cast<const S<T>*>(b.scale), static_cast<const S<T>*>(b.bias),
           static_cast<T*>(b.y), static_cast<S<T>*>(b.mean), static_cast<S<T>*>(b.var),
-          ws, ws ? ws + plane : nullptr};
+          ws, ws ? ws + plane : nullptr, static_cast<const T*>(b.residual), p.epi.relu};
 }
 
 template <typename T>
@@ -95,7 +95,9 @@ BwdView<T> bwd_view(const Problem& p, const BwdBuffers& b) {
           static_cast<const S<T>*>(b.var), static_cast<T*>(b.dx),
           static_cast<S<T>*>(b.dscale), static_cast<S<T>*>(b.dbias),
           static_cast<S<T>*>(b.dmean_out), static_cast<S<T>*>(b.dvar_out),
-          ws, ws ? ws + plane : nullptr, (row || !ws) ? nullptr : ws + 2 * plane};
+          ws, ws ? ws + plane : nullptr, (row || !ws) ? nullptr : ws + 2 * plane,
+          p.epi.relu, static_cast<const S<T>*>(b.bias), static_cast<const T*>(b.residual),
+          static_cast<T*>(b.dresidual)};
 }
 
 template <typename T>

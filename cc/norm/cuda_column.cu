@@ -23,6 +23,9 @@
 //          Traffic: read x, dy (and write dx in inference).
 //   dx     training: dx = scale*rstd*dy + (x - mean)*c1 + c2, on apply's grid.
 //          Traffic: read x, dy, write dx.
+//   epilogue (norm.h Epilogue) in apply, the flat apply and the fused kernel: + residual, ReLU
+//          (traffic + read residual); in grads and dx: dy masked where the recomputed z <= 0
+//          (+ read residual), dx writing the masked dy as d(residual) (+ write).
 //   fused  the single-pass training forward (cuda_kernels.cuh): one kFusedThreads block per row
 //          slice of each (p, tile), as many slices as blocks fit; the slice's last rows are
 //          stashed in shared memory. Per block: phase 1 as stats, phase 3 as apply over the
@@ -70,26 +73,39 @@ struct ColumnThread {
   __device__ __forceinline__ int64_t row(int64_t i) const { return a0 + ty + i * TY; }
 };
 
-// Calls f(row offset, x pack, dy pack) for this thread's rows, a few rows of loads in flight
-// (the packs are converted where they are used, so that only one row's values are live as
-// accumulators). x and dy point at this thread's first column in row 0; kInputs == 1 reads x
-// alone.
+// Calls f(row offset, x pack, dy pack, residual pack) for this thread's rows, a few rows of
+// loads in flight (the packs are converted where they are used, so that only one row's values
+// are live as accumulators). x, dy and res point at this thread's first column in row 0;
+// kInputs == 1 reads x alone, 2 x and dy; res, when not null (the epilogue's residual), is read
+// too.
 template <typename D, int VEC, int kInputs, typename F>
 __device__ __forceinline__ void for_rows(const ColumnThread& t, const D* x, const D* dy,
-                                         int64_t ld, F f) {
+                                         const D* res, int64_t ld, F f) {
   using Pk = PackOf<D, VEC>;
   struct Rows {
-    Pk x, dy;
+    Pk x, dy, res;
   };
   pipelined<kLoadsInFlight / kInputs, false>(
       0, t.rows,
       [&](int64_t i) {
-        Rows r;
+        Rows r{};
         r.x = Pk::load_ro(x + t.row(i) * ld);
         if constexpr (kInputs == 2) r.dy = Pk::load_ro(dy + t.row(i) * ld);
+        if (res) r.res = Pk::load_ro(res + t.row(i) * ld);
         return r;
       },
-      [&](int64_t i, const Rows& r) { f(t.row(i) * ld, r.x, r.dy); });
+      [&](int64_t i, const Rows& r) { f(t.row(i) * ld, r.x, r.dy, r.res); });
+}
+
+// The unpacked residual of a pack (zeros without one: finish_pack and mask_pack skip it).
+template <typename Acc, int VEC, typename Pk>
+__device__ __forceinline__ void unpack_residual(const Pk& p, bool residual, Acc (&r)[VEC]) {
+  if (residual) {
+    p.unpack(r);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) r[e] = Acc(0);
+  }
 }
 
 // Adds `count` rows of VEC columns (rows v[0..count)) to the per-column moments of x - shift,
@@ -237,13 +253,17 @@ __global__ void __launch_bounds__(kThreads, 4) column_apply_kernel(Fwd<D> f, Col
   Acc mu[VEC], gg[VEC], bb[VEC];
   column_coefs<D, VEC>(f, t, mu, gg, bb);
   const int64_t base = t.p * s.A * CK + t.j;
-  for_rows<D, VEC, 1>(t, f.x + base, nullptr, CK, [&](int64_t off, const auto& v, const auto&) {
-    Acc out[VEC];
-    v.unpack(out);
+  const bool residual = f.residual != nullptr;
+  for_rows<D, VEC, 1>(t, f.x + base, nullptr, residual ? f.residual + base : nullptr, CK,
+                      [&](int64_t off, const auto& v, const auto&, const auto& rp) {
+                        Acc out[VEC], r[VEC];
+                        v.unpack(out);
+                        unpack_residual<Acc, VEC>(rp, residual, r);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu[e]) * gg[e] + bb[e];
-    store_vals<D, VEC>(f.y + base + off, out);
-  });
+                        for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu[e]) * gg[e] + bb[e];
+                        finish_pack<Acc, VEC>(r, residual, f.relu, out);
+                        store_vals<D, VEC>(f.y + base + off, out);
+                      });
 }
 
 // The flat apply's packs (VEC values each, packs < 2^31) and divisors: packs per row (CK / VEC),
@@ -274,11 +294,29 @@ __global__ void __launch_bounds__(kFlatThreads)
   const int p = fc.rows.div(row), j = (i - row * int(fc.row_packs.d)) * VEC;
   Acc mu[VEC], gg[VEC], bb[VEC];
   column_coefs<D, VEC>(f, p, j, fc.K, fc.Pq, mu, gg, bb);
-  Acc out[VEC];
+  Acc out[VEC], r[VEC] = {};
   PackOf<D, VEC>::load_ro(f.x + int64_t(i) * VEC).unpack(out);
+  const bool residual = f.residual != nullptr;
+  if (residual) PackOf<D, VEC>::load_ro(f.residual + int64_t(i) * VEC).unpack(r);
 #pragma unroll
   for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu[e]) * gg[e] + bb[e];
+  finish_pack<Acc, VEC>(r, residual, f.relu, out);
   store_vals<D, VEC>(f.y + int64_t(i) * VEC, out);
+}
+
+// The backward's per-column coefficients of the VEC columns from t.j: mean, rstd, gz =
+// scale*rstd (as column_coefs forms it), and the bias (bz, read only for the epilogue's ReLU).
+template <typename D, int VEC>
+__device__ __forceinline__ void epilogue_columns(const Bwd<D>& b, const ColumnThread& t,
+                                                 A<D> (&mu)[VEC], A<D> (&rs)[VEC],
+                                                 A<D> (&gz)[VEC], A<D> (&bz)[VEC]) {
+  for_columns<VEC>(b.s, t, [&](int e, int64_t grp, int64_t aff) {
+    mu[e] = b.mean[grp];
+    rs[e] = rstd_of<D>(b.var[grp], b.eps);
+    gz[e] = b.scale[aff];
+    gz[e] *= rs[e];
+    bz[e] = b.relu ? b.bias[aff] : A<D>(0);
+  });
 }
 
 template <typename D, int VEC>
@@ -289,26 +327,32 @@ __global__ void __launch_bounds__(kThreads) column_grads_kernel(Bwd<D> b, Column
   const Shape& s = b.s;
   const int64_t CK = s.CK();
   const ColumnThread t(s, g, VEC, false);
-  Acc mu[VEC], rs[VEC], gr[VEC], sdy[VEC] = {}, sdyx[VEC] = {};
+  Acc mu[VEC], rs[VEC], gr[VEC], gz[VEC], bz[VEC], sdy[VEC] = {}, sdyx[VEC] = {};
   if (t.active) {
-    for_columns<VEC>(s, t, [&](int e, int64_t grp, int64_t aff) {
-      mu[e] = b.mean[grp];
-      rs[e] = rstd_of<D>(b.var[grp], b.eps);
-      gr[e] = b.coef_fn.training ? Acc(0) : rs[e] * b.scale[aff];
-    });
+    epilogue_columns<D, VEC>(b, t, mu, rs, gz, bz);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) gr[e] = b.coef_fn.training ? Acc(0) : gz[e];
     const int64_t base = t.p * s.A * CK + t.j;
-    for_rows<D, VEC, 2>(t, b.x + base, b.dy + base, CK,
-                        [&](int64_t off, const auto& x, const auto& dy) {
-                          Acc xv[VEC], d[VEC], dx[VEC];
+    const bool residual = b.residual != nullptr;
+    for_rows<D, VEC, 2>(t, b.x + base, b.dy + base, residual ? b.residual + base : nullptr, CK,
+                        [&](int64_t off, const auto& x, const auto& dy, const auto& rp) {
+                          Acc xv[VEC], d[VEC], dx[VEC], r[VEC];
                           x.unpack(xv);
                           dy.unpack(d);
+                          if (b.relu) {
+                            unpack_residual<Acc, VEC>(rp, residual, r);
+                            mask_pack<Acc, VEC>(xv, r, residual, mu, gz, bz, d);
+                          }
 #pragma unroll
                           for (int e = 0; e < VEC; ++e) {
                             sdy[e] += d[e];
                             sdyx[e] += d[e] * (xv[e] - mu[e]);
                             dx[e] = gr[e] * d[e];
                           }
-                          if (!b.coef_fn.training) store_vals<D, VEC>(b.dx + base + off, dx);
+                          if (!b.coef_fn.training) {  // inference: dx (and d(residual)) here
+                            store_vals<D, VEC>(b.dx + base + off, dx);
+                            if (b.dres) store_vals<D, VEC>(b.dres + base + off, d);
+                          }
                         });
   }
   const int tid = threadIdx.x;
@@ -347,23 +391,28 @@ __global__ void __launch_bounds__(kThreads) column_dx_kernel(Bwd<D> b, ColumnGri
   const int64_t CK = s.CK();
   const ColumnThread t(s, g, VEC, true);
   if (!t.active) return;
-  Acc mu[VEC], gr[VEC], c1[VEC], c2[VEC];
-  for_columns<VEC>(s, t, [&](int e, int64_t grp, int64_t aff) {
-    mu[e] = b.mean[grp];
-    gr[e] = rstd_of<D>(b.var[grp], b.eps) * b.scale[aff];
+  Acc mu[VEC], rs[VEC], gr[VEC], bz[VEC], c1[VEC], c2[VEC];
+  epilogue_columns<D, VEC>(b, t, mu, rs, gr, bz);
+  for_columns<VEC>(s, t, [&](int e, int64_t grp, int64_t) {
     c1[e] = b.coef[2 * grp];
     c2[e] = b.coef[2 * grp + 1];
   });
   const int64_t base = t.p * s.A * CK + t.j;
-  for_rows<D, VEC, 2>(t, b.x + base, b.dy + base, CK,
-                      [&](int64_t off, const auto& x, const auto& dy) {
-                        Acc xv[VEC], d[VEC], out[VEC];
+  const bool residual = b.residual != nullptr;
+  for_rows<D, VEC, 2>(t, b.x + base, b.dy + base, residual ? b.residual + base : nullptr, CK,
+                      [&](int64_t off, const auto& x, const auto& dy, const auto& rp) {
+                        Acc xv[VEC], d[VEC], out[VEC], r[VEC];
                         x.unpack(xv);
                         dy.unpack(d);
+                        if (b.relu) {
+                          unpack_residual<Acc, VEC>(rp, residual, r);
+                          mask_pack<Acc, VEC>(xv, r, residual, mu, gr, bz, d);
+                        }
 #pragma unroll
                         for (int e = 0; e < VEC; ++e)
                           out[e] = gr[e] * d[e] + (xv[e] - mu[e]) * c1[e] + c2[e];
                         store_vals<D, VEC>(b.dx + base + off, out);
+                        if (b.dres) store_vals<D, VEC>(b.dres + base + off, d);
                       });
 }
 
@@ -423,11 +472,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   Acc mu[VEC], gg[VEC], bb[VEC];
   column_coefs<D, VEC>(f, t, mu, gg, bb);
   D* const y = f.y + t.p * s.A * CK + t.j;
+  const D* const res = f.residual ? f.residual + t.p * s.A * CK + t.j : nullptr;
   auto apply = [&](int64_t i, const Pk& v) {
-    Acc out[VEC];
+    Acc out[VEC], r[VEC] = {};
     v.unpack(out);
+    if (res) Pk::load_ro(res + t.row(i) * CK).unpack(r);  // (the epilogue's residual)
 #pragma unroll
     for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu[e]) * gg[e] + bb[e];
+    finish_pack<Acc, VEC>(r, res != nullptr, f.relu, out);
     store_vals<D, VEC>(y + t.row(i) * CK, out);
   };
   pipelined<kFusedInFlight, true>(split, t.rows, [&](int64_t i) { return Pk::load(local(i)); },
@@ -528,8 +580,8 @@ template <typename D>
 Status column_flat_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
   const Shape& s = f.s;
-  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
-    return Status::Error("norm column flat apply: x and y must be 16-byte aligned");
+  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y) || !cuda::vec_aligned(f.residual))
+    return Status::Error("norm column flat apply: x, y and the residual must be 16-byte aligned");
   if constexpr (sizeof(D) >= 4) {
     const int64_t packs = s.elems() / N;
     const FlatColumns fc{unsigned(packs), cuda::FastDiv(uint32_t(s.CK() / N)),
@@ -544,24 +596,29 @@ Status column_flat_apply(const Fwd<D>& f, cudaStream_t st) {
 
 template <typename D>
 Status column_apply(const Fwd<D>& f, cudaStream_t st) {
-  return launch_columns(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
+  return launch_columns(f,
+                        cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y) &&
+                            cuda::vec_aligned(f.residual),
                         column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN,
                         apply_rows<D>(), "norm column_apply_kernel", st);
 }
 
+// Whether every x-like buffer of a backward starts 16-byte aligned (the vector kernels).
+template <typename D>
+bool bwd_aligned(const Bwd<D>& b) {
+  return cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx) &&
+         cuda::vec_aligned(b.residual) && cuda::vec_aligned(b.dres);
+}
+
 template <typename D>
 Status column_grads(const Bwd<D>& b, cudaStream_t st) {
-  return launch_columns(
-      b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx),
-      column_grads_kernel<D, 1>, column_grads_kernel<D, Vec<D>::kN>, Vec<D>::kN,
+  return launch_columns(b, bwd_aligned(b), column_grads_kernel<D, 1>, column_grads_kernel<D, Vec<D>::kN>, Vec<D>::kN,
       rows_per_slice(b.s), "norm column_grads_kernel", st);
 }
 
 template <typename D>
 Status column_dx(const Bwd<D>& b, cudaStream_t st) {
-  return launch_columns(
-      b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx),
-      column_dx_kernel<D, 1>, column_dx_kernel<D, Vec<D>::kN>, Vec<D>::kN, apply_rows<D>(),
+  return launch_columns(b, bwd_aligned(b), column_dx_kernel<D, 1>, column_dx_kernel<D, Vec<D>::kN>, Vec<D>::kN, apply_rows<D>(),
       "norm column_dx_kernel", st);
 }
 
@@ -583,8 +640,9 @@ Support column_fused_support(const Shape& s) {
 template <typename D>
 Status column_fused(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
-  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
-    return Status::Error("norm column single pass: x and y must be 16-byte aligned");
+  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y) || !cuda::vec_aligned(f.residual))
+    return Status::Error("norm column single pass: x, y and the residual must be 16-byte "
+                         "aligned");
   constexpr auto kernel = column_fused_kernel<D, N>;
   FusedCapacity cap;
   Status status = fused_capacity<kernel>(&cap);

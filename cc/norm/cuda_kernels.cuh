@@ -70,6 +70,32 @@ __device__ __forceinline__ void store_vals(D* p, const A<D> (&in)[VEC]) {
   PackOf<D, VEC>::pack(in).store_stream(p);  // outputs are not read again by this kernel
 }
 
+// The epilogue (norm.h Epilogue) on the VEC values z of one pack: + the pack's residual r
+// (unpacked; kResidual), then the ReLU with NaN kept.
+template <typename Acc, int VEC>
+__device__ __forceinline__ void finish_pack(const Acc (&r)[VEC], bool residual, bool relu,
+                                            Acc (&z)[VEC]) {
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    if (residual) z[e] += r[e];
+    if (relu) z[e] = z[e] <= Acc(0) ? Acc(0) : z[e];
+  }
+}
+
+// dy masked by the epilogue's ReLU: d[e] = 0 where z = (x - mu)*gz + bz [+ r] <= 0, z in the
+// forward apply's arithmetic (gz = scale*rstd as column_coefs forms it).
+template <typename Acc, int VEC>
+__device__ __forceinline__ void mask_pack(const Acc (&x)[VEC], const Acc (&r)[VEC], bool residual,
+                                          const Acc (&mu)[VEC], const Acc (&gz)[VEC],
+                                          const Acc (&bz)[VEC], Acc (&d)[VEC]) {
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    Acc z = (x[e] - mu[e]) * gz[e] + bz[e];
+    if (residual) z += r[e];
+    d[e] = z > Acc(0) ? d[e] : Acc(0);
+  }
+}
+
 // VEC consecutive accumulator-type values (affine parameters, partial sums) from or to p: 16-byte
 // accesses when VEC is a multiple of a vector (the callers' offsets are then multiples of VEC,
 // hence aligned).
@@ -310,6 +336,8 @@ struct Fwd {
   double* ws0;  // partial means (column and segment paths)
   double* ws1;  // partial M2
   A<D>* table;  // segment path, split forward: (segments, 4) coefficients (norm.h)
+  const D* residual;  // the epilogue (norm.h Epilogue; column path): added before the ReLU
+  bool relu;
 };
 
 template <typename D>
@@ -327,6 +355,13 @@ struct Bwd {
   A<D>* ws0;   // partial sums of dy*xhat
   A<D>* ws1;   // partial sums of dy
   A<D>* coef;  // (P, C, 2)
+  // The epilogue's ReLU (norm.h Epilogue; column path): dy is masked where z <= 0, z from x,
+  // the statistics, bias and the residual (null: none); dres (null: not wanted) gets the
+  // masked dy.
+  bool relu;
+  const A<D>* bias;
+  const D* residual;
+  D* dres;
 };
 
 // VEC accumulators at p (16-byte aligned; VEC*sizeof(Acc) a multiple of 16) in 16-byte words.

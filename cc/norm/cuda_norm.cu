@@ -176,7 +176,8 @@ Fwd<D> fwd_view(const Problem& p, const FwdBuffers& b, bool training) {
           static_cast<const Acc*>(b.scale), static_cast<const Acc*>(b.bias),
           static_cast<D*>(b.y), static_cast<Acc*>(b.mean), static_cast<Acc*>(b.var),
           ws, ws ? ws + fwd_partials(p.s) : nullptr,
-          ws ? reinterpret_cast<Acc*>(ws + 2 * fwd_partials(p.s)) : nullptr};
+          ws ? reinterpret_cast<Acc*>(ws + 2 * fwd_partials(p.s)) : nullptr,
+          static_cast<const D*>(b.residual), p.epi.relu};
 }
 
 template <typename D>
@@ -193,7 +194,9 @@ Status backward(const Problem& p, const BwdBuffers& b, cudaStream_t st) {
                  static_cast<const D*>(b.x), static_cast<const Acc*>(b.scale),
                  static_cast<const Acc*>(b.mean), static_cast<const Acc*>(b.var),
                  static_cast<D*>(b.dx), coef_fn, ws, ws ? ws + plane : nullptr,
-                 (row || !ws) ? nullptr : ws + 2 * plane};
+                 (row || !ws) ? nullptr : ws + 2 * plane, p.epi.relu,
+                 static_cast<const Acc*>(b.bias), static_cast<const D*>(b.residual),
+                 static_cast<D*>(b.dresidual)};
   auto* dscale = static_cast<Acc*>(b.dscale);
   auto* dbias = static_cast<Acc*>(b.dbias);
   if (s.elems() == 0) {  // every sum is empty

@@ -153,11 +153,26 @@ inline Status validate(const Shape& s) {
   return Status::Ok();
 }
 
+// The fused epilogue of an apply (batch norm + add + ReLU, as cuDNN's BN-add-ReLU; the column
+// path's kernels only):
+//   forward   z = (x - mean)*rstd*scale + bias [+ residual],   y = relu ? max(z, 0) : z
+//   backward  with relu: dz = dy where z > 0, else 0 (z recomputed from x, the statistics,
+//             bias and the residual, in the forward's arithmetic), then the plain backward of dz,
+//             and d(residual) = dz. Without relu the backward is the plain one (the residual's
+//             gradient is dy itself, which the caller takes).
+// relu(NaN) is NaN and relu'(0) = 0, as jax.nn.relu.
+struct Epilogue {
+  bool relu = false;
+  bool residual = false;  // a residual operand is added before the activation
+  bool any() const { return relu || residual; }
+};
+
 struct Problem {
   Shape s;
   DType dtype = DType::kF32;  // x, y, dy, dx; statistics and affine: float (double for f64)
   bool centered = true;       // false: RMS norm (mean is 0, var is the mean square)
   double eps = 1e-5;
+  Epilogue epi;
 };
 
 // Training forward: statistics from x.     x, scale, bias -> y, mean, var (+ workspace)
@@ -170,6 +185,7 @@ struct FwdBuffers {
   void* mean = nullptr;  // written in training, read in inference
   void* var = nullptr;
   void* ws = nullptr;
+  const void* residual = nullptr;  // x-like, when epi.residual (apply passes only)
 };
 
 // Backward, linear in the cotangents dy (and, in training, dmean, dvar of the statistics
@@ -192,6 +208,11 @@ struct BwdBuffers {
   void* dmean_out = nullptr;  // inference only
   void* dvar_out = nullptr;
   void* ws = nullptr;
+  // With epi.relu (Epilogue): the bias and residual that recompute z, and d(residual) = dz
+  // (written when epi.residual).
+  const void* bias = nullptr;
+  const void* residual = nullptr;
+  void* dresidual = nullptr;
 };
 
 // The registries (cpu_norm.h, cuda_norm.h): named algorithms per pass, each answering whether
@@ -219,7 +240,10 @@ inline Support on_path(const Problem& p, Path want) {
       "the column path (A > 1, T == 1: channels-last batch and group norm)",
       "the segment path (T > 1: channels-first batch and group norm)"};
   const Path is = path_of(p.s);
-  if (is == want) return Support::Yes();
+  if (is == want && (want == Path::kColumn || !p.epi.any())) return Support::Yes();
+  if (is == want)
+    return Support::No("the fused activation / residual epilogue runs on the column path "
+                       "(channels-last batch and group norm) only");
   return Support::No(std::string("runs ") + kPaths[int(want)] + "; this problem is on " +
                      kPaths[int(is)]);
 }

@@ -157,9 +157,36 @@ def _normalised(shape, x, mean, var, eps):
     return xc, r, xc * _stat_b(shape, r)
 
 
+# The fused epilogue (cc/norm/norm.h Epilogue): z = norm(x) [+ residual], y = relu(z) with
+# relu; the backwards mask the cotangent where z <= 0. The saved `bias` and `res` that recompute
+# z are empty vectors unless relu (and res unless there is a residual too); a residual tangent
+# `tr` is empty where there is no residual.
+def _relu_mask(shape, xhat, scale, bias, res, v):
+    """v where z = xhat*scale + bias (+ res) > 0, else 0 (5-D, statistics dtype)."""
+    z = xhat * _affine_b(shape, scale) + _affine_b(shape, bias)
+    if res.size:
+        z = z + _x5(shape, res, z.dtype)
+    return jnp.where(z > 0, v, jnp.zeros_like(v))
+
+
+def _epilogue_tangent(shape, ty, tr, xhat, scale, bias, res, relu):
+    if tr.size:
+        ty = ty + _x5(shape, tr, ty.dtype)
+    return _relu_mask(shape, xhat, scale, bias, res, ty) if relu else ty
+
+
+def _epilogue_cotangent(shape, dy, xhat, scale, bias, res, relu, x_dtype):
+    """(dz, d(residual)): the cotangent through the ReLU, and the residual's (empty unless the
+    kernels write it: relu with a residual)."""
+    dz = _relu_mask(shape, xhat, scale, bias, res, dy) if relu else dy
+    dres = dz.reshape(-1).astype(x_dtype) if relu and res.size else jnp.zeros((0,), x_dtype)
+    return dz, dres
+
+
 # (The references take the kernel primitives' selection parameters, algo and policy, and ignore
 # them.)
-def _tangent_ref(tx, ts, tb, x, scale, mean, var, *, shape, eps, centered, **_):
+def _tangent_ref(tx, ts, tb, tr, x, scale, mean, var, bias, res, *, shape, eps, centered,
+                 relu=False, **_):
     xc, r, xhat = _normalised(shape, x, mean, var, eps)
     tx = _x5(shape, tx, var.dtype)
     tmean = _group_sum(tx) / shape.n if centered else jnp.zeros_like(mean)
@@ -167,15 +194,17 @@ def _tangent_ref(tx, ts, tb, x, scale, mean, var, *, shape, eps, centered, **_):
     txhat = (_stat_b(shape, r) * (tx - _stat_b(shape, tmean))
              - 0.5 * xhat * _stat_b(shape, r * r * tvar))
     ty = _affine_b(shape, scale) * txhat + xhat * _affine_b(shape, ts) + _affine_b(shape, tb)
+    ty = _epilogue_tangent(shape, ty, tr, xhat, scale, bias, res, relu)
     return [ty.reshape(-1).astype(x.dtype), tmean, tvar]
 
 
-def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, *, shape, eps, centered, total=None,
-             shards=1, **_):
+def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, bias, res, *, shape, eps, centered,
+             relu=False, total=None, shards=1, **_):
     """(total, shards: a shard's backward of a synchronised batch norm, see _synced_bwd.)"""
     dmean, dvar = (c if c.shape == mean.shape else 0 for c in (dmean, dvar))  # empty: zero
     xc, r, xhat = _normalised(shape, x, mean, var, eps)
-    dy = _x5(shape, dy, var.dtype)
+    dy, dres = _epilogue_cotangent(shape, _x5(shape, dy, var.dtype), xhat, scale, bias, res,
+                                   relu, x.dtype)
     g = dy * _affine_b(shape, scale)
     sums = [_group_sum(g * xhat), _group_sum(g), _affine_sum(shape, dy * xhat),
             _affine_sum(shape, dy)]
@@ -184,24 +213,28 @@ def _bwd_ref(dy, dmean, dvar, x, scale, mean, var, *, shape, eps, centered, tota
     c1 = (2 * dvar - r * r * sg_xhat) / n
     c2 = (dmean - r * sg) / n if centered else jnp.zeros_like(mean)
     dx = g * _stat_b(shape, r) + xc * _stat_b(shape, c1) + _stat_b(shape, c2)
-    return [dx.reshape(-1).astype(x.dtype), dscale, dbias]
+    return [dx.reshape(-1).astype(x.dtype), dscale, dbias, dres]
 
 
-def _infer_tangent_ref(tx, ts, tb, tmean, tvar, x, scale, mean, var, *, shape, eps, **_):
+def _infer_tangent_ref(tx, ts, tb, tmean, tvar, tr, x, scale, mean, var, bias, res, *, shape,
+                       eps, relu=False, **_):
     _, r, xhat = _normalised(shape, x, mean, var, eps)
     tx = _x5(shape, tx, var.dtype)
     txhat = (_stat_b(shape, r) * (tx - _stat_b(shape, tmean))
              - 0.5 * xhat * _stat_b(shape, r * r * tvar))
     ty = _affine_b(shape, scale) * txhat + xhat * _affine_b(shape, ts) + _affine_b(shape, tb)
+    ty = _epilogue_tangent(shape, ty, tr, xhat, scale, bias, res, relu)
     return ty.reshape(-1).astype(x.dtype)
 
 
-def _infer_bwd_ref(dy, x, scale, mean, var, *, shape, eps, **_):
+def _infer_bwd_ref(dy, x, scale, mean, var, bias, res, *, shape, eps, relu=False, **_):
     _, r, xhat = _normalised(shape, x, mean, var, eps)
-    dy = _x5(shape, dy, var.dtype)
+    dy, dres = _epilogue_cotangent(shape, _x5(shape, dy, var.dtype), xhat, scale, bias, res,
+                                   relu, x.dtype)
     g = dy * _affine_b(shape, scale)
     return [(g * _stat_b(shape, r)).reshape(-1).astype(x.dtype), _affine_sum(shape, dy * xhat),
-            _affine_sum(shape, dy), -r * _group_sum(g), -0.5 * r * r * _group_sum(g * xhat)]
+            _affine_sum(shape, dy), -r * _group_sum(g), -0.5 * r * r * _group_sum(g * xhat),
+            dres]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,27 +244,32 @@ def _infer_bwd_ref(dy, x, scale, mean, var, *, shape, eps, **_):
 # Operand kinds: x-like (P, A, C, K, T), statistics (P, C), affine (Q, C, K), workspace, and
 # the statistics' cotangents (P, C) in norm_bwd, or an empty vector for zero ones: layer norm's
 # mean and var are never outputs, and zeros of their shape would cost a fill kernel in every
-# backward.
+# backward. The epilogue's operands (cc/norm/norm.h Epilogue): the residual and its tangent or
+# cotangent (x-like, or empty for none), and the bias the backwards recompute z with (affine, or
+# empty without relu).
 X, S, AFF, WS, DS = "x", "stats", "affine", "workspace", "stats cotangent"
+RE, AE = "residual", "epilogue bias"
+_MAY_BE_EMPTY = (DS, RE, AE)
 
 
 def _size(kind, shape: NormShape, ws=0) -> int:
     return {X: math.prod(shape.x_shape), S: math.prod(shape.stats_shape),
-            DS: math.prod(shape.stats_shape), AFF: math.prod(shape.affine_shape), WS: ws}[kind]
+            DS: math.prod(shape.stats_shape), AFF: math.prod(shape.affine_shape), WS: ws,
+            RE: math.prod(shape.x_shape), AE: math.prod(shape.affine_shape)}[kind]
 
 
-def _aval(kind, shape: NormShape, x_dtype, ws=0):
+def _aval(kind, shape: NormShape, x_dtype, ws=0, empty=False):
     """Operands are flat vectors (a reshape to 1-D is free for XLA, a reshape to the 5-D
     canonical shape with its unit dims can cost a relayout copy). The workspace is bytes."""
-    dtype = {X: x_dtype, WS: np.dtype(np.uint8)}.get(kind, stat_dtype(x_dtype))
-    return ShapedArray((_size(kind, shape, ws),), dtype)
+    dtype = {X: x_dtype, RE: x_dtype, WS: np.dtype(np.uint8)}.get(kind, stat_dtype(x_dtype))
+    return ShapedArray((0 if empty else _size(kind, shape, ws),), dtype)
 
 
 def _check(name, kinds, avals, shape: NormShape):
     x_dtype = next(a.dtype for a, k in zip(avals, kinds) if k == X)
     for i, (a, k) in enumerate(zip(avals, kinds)):
         want = _aval(k, shape, x_dtype)
-        shapes = (want.shape, (0,)) if k == DS else (want.shape,)
+        shapes = (want.shape, (0,)) if k in _MAY_BE_EMPTY else (want.shape,)
         if tuple(a.shape) not in shapes or a.dtype != want.dtype:
             raise TypeError(f"jaxdnn {name}: operand {i} is {a.str_short()}, expected "
                             f"{want.str_short()} for {shape}")
@@ -240,31 +278,42 @@ def _check(name, kinds, avals, shape: NormShape):
 
 # name -> (operand kinds, result kinds, workspace bytes fn or None, linear operand count). The
 # linear operands lead; the rest are saved values.
+# The saved operands of the backwards and tangents are (x, scale, mean, var, bias, residual); a
+# backward's d(residual) output is x-like exactly when its saved residual is (relu and a
+# residual), else empty.
 _SPECS = {
-    "norm_fwd": ((X, AFF, AFF), (X, S, S, WS), NormShape.fwd_workspace, 0),
-    "norm_bwd": ((X, DS, DS, X, AFF, S, S), (X, AFF, AFF, WS), NormShape.bwd_workspace, 3),
-    "norm_tangent": ((X, AFF, AFF, X, AFF, S, S), (X, S, S), None, 3),
-    "norm_infer": ((X, AFF, AFF, S, S), (X,), None, 0),
-    "norm_infer_bwd": ((X, X, AFF, S, S), (X, AFF, AFF, S, S, WS), NormShape.bwd_workspace, 1),
-    "norm_infer_tangent": ((X, AFF, AFF, S, S, X, AFF, S, S), (X,), None, 5),
+    "norm_fwd": ((X, AFF, AFF, RE), (X, S, S, WS), NormShape.fwd_workspace, 0),
+    "norm_bwd": ((X, DS, DS, X, AFF, S, S, AE, RE), (X, AFF, AFF, RE, WS),
+                 NormShape.bwd_workspace, 3),
+    "norm_tangent": ((X, AFF, AFF, RE, X, AFF, S, S, AE, RE), (X, S, S), None, 4),
+    "norm_infer": ((X, AFF, AFF, S, S, RE), (X,), None, 0),
+    "norm_infer_bwd": ((X, X, AFF, S, S, AE, RE), (X, AFF, AFF, S, S, RE, WS),
+                       NormShape.bwd_workspace, 1),
+    "norm_infer_tangent": ((X, AFF, AFF, S, S, RE, X, AFF, S, S, AE, RE), (X,), None, 6),
 }
 
 
-def _abstract_eval(name, *avals, shape, eps, centered=True, algo=None, policy=None):
+def _abstract_eval(name, *avals, shape, eps, centered=True, relu=False, algo=None, policy=None):
     kinds, outs, ws_fn, _ = _SPECS[name]
     x_dtype = _check(name, kinds, avals, shape)
-    res = [_aval(k, shape, x_dtype, ws_fn(shape, x_dtype) if k == WS else 0) for k in outs]
+    empty_dres = avals[-1].shape[0] == 0  # (the saved residual: the last operand)
+    res = [_aval(k, shape, x_dtype, ws_fn(shape, x_dtype) if k == WS else 0,
+                 empty=k == RE and empty_dres) for k in outs]
     return res if len(res) > 1 else res[0]
 
 
-def _call_attrs(shape, eps, centered, name):
+def _call_attrs(shape, eps, centered, name, relu=None):
+    """A kernel call's attributes (relu None: a target without the epilogue, fwd_stats)."""
     attrs = dict(shape=[shape.P, shape.A, shape.C, shape.K, shape.T, shape.Q], eps=eps, algo=name)
+    if relu is not None:
+        attrs["relu"] = bool(relu)
     return attrs if centered is None else dict(attrs, centered=bool(centered))
 
 
 def _kernel_attrs(name, platform, ctx, **params):
     choice = core.choose_for_call(_PRIMS[name], ctx.avals_in, params, platform)
-    return _call_attrs(params["shape"], params["eps"], params.get("centered"), choice.name)
+    return _call_attrs(params["shape"], params["eps"], params.get("centered"), choice.name,
+                       params["relu"])
 
 
 def _kernel_primitive(name):
@@ -297,19 +346,23 @@ def _fwd_lowering(platform):
     one, stats, apply = (_ffi.lowering(f"jaxdnn_norm_{t}", lambda _, ctx, **attrs: attrs)(platform)
                          for t in ("fwd", "fwd_stats", "fwd_apply"))
 
-    def rule(ctx, x, scale, bias, **params):
+    def rule(ctx, x, scale, bias, res, **params):
         family = core.family_of(norm_fwd_p)
         problem = family.problem(norm_fwd_p, ctx.avals_in, params)
         name = core.choose(family, problem, platform).name
-        attrs = _call_attrs(params["shape"], params["eps"], params["centered"], name)
+        attrs = _call_attrs(params["shape"], params["eps"], params["centered"], name,
+                            params["relu"])
         if not family.two_calls(problem, platform, name):
-            return one(ctx, x, scale, bias, **attrs)
+            return one(ctx, x, scale, bias, res, **attrs)
         y_aval, mean_aval, var_aval, ws_aval = ctx.avals_out
-        mean, var, ws = stats(ctx.replace(avals_out=[mean_aval, var_aval, ws_aval]), x, scale,
-                              bias, **attrs)
-        apply_ctx = ctx.replace(avals_in=[*ctx.avals_in, mean_aval, var_aval, ws_aval],
-                                avals_out=[y_aval])
-        (y,) = apply(apply_ctx, x, scale, bias, mean, var, ws, **attrs)
+        x_aval, scale_aval, bias_aval, res_aval = ctx.avals_in
+        stats_attrs = {k: v for k, v in attrs.items() if k != "relu"}
+        mean, var, ws = stats(ctx.replace(avals_in=[x_aval, scale_aval, bias_aval],
+                                          avals_out=[mean_aval, var_aval, ws_aval]),
+                              x, scale, bias, **stats_attrs)
+        apply_ctx = ctx.replace(avals_in=[x_aval, scale_aval, bias_aval, mean_aval, var_aval,
+                                          ws_aval, res_aval], avals_out=[y_aval])
+        (y,) = apply(apply_ctx, x, scale, bias, mean, var, ws, res, **attrs)
         return [y, mean, var, ws]
 
     return rule
@@ -340,31 +393,42 @@ def _zero_of(v):
 
 def _instantiate(ts, kinds):
     """(Co)tangents as arrays for the linear operands of a primitive: symbolic zeros become
-    zeros, or an empty vector where the operand is a statistics cotangent."""
-    return [jnp.zeros((0,), t.aval.dtype) if type(t) is ad.Zero and k == DS
+    zeros, or an empty vector where the operand may be empty (a statistics cotangent, a
+    residual's tangent or cotangent)."""
+    return [jnp.zeros((0,), t.aval.dtype) if type(t) is ad.Zero and k in _MAY_BE_EMPTY
             else ad.instantiate_zeros(t) for t, k in zip(ts, kinds)]
+
+
+def _saved_epilogue(bias, res, relu):
+    """The (bias, residual) a backward or tangent keeps to recompute z: empty unless relu."""
+    if relu:
+        return bias, res
+    return jnp.zeros((0,), bias.dtype), jnp.zeros((0,), res.dtype)
 
 
 # ---- jvp of the forward primitives: their tangent primitives --------------------------------
 
 # A forced algorithm is the forward's; the tangent (and its transpose, the backward) chooses its
 # own under the same policy.
-def _fwd_jvp(primals, tangents, *, shape, eps, centered, algo, policy):
-    x, scale, bias = primals
-    y, mean, var, ws = norm_fwd_p.bind(x, scale, bias, shape=shape, eps=eps, centered=centered,
-                                       algo=algo, policy=policy)
+def _fwd_jvp(primals, tangents, *, shape, eps, centered, relu, algo, policy):
+    x, scale, bias, res = primals
+    y, mean, var, ws = norm_fwd_p.bind(x, scale, bias, res, shape=shape, eps=eps,
+                                       centered=centered, relu=relu, algo=algo, policy=policy)
     t = [ad.instantiate_zeros(t) for t in tangents]
-    ty, tmean, tvar = norm_tangent_p.bind(*t, x, scale, mean, var, shape=shape, eps=eps,
-                                          centered=centered, algo=None, policy=policy)
+    ty, tmean, tvar = norm_tangent_p.bind(*t, x, scale, mean, var,
+                                          *_saved_epilogue(bias, res, relu), shape=shape,
+                                          eps=eps, centered=centered, relu=relu, algo=None,
+                                          policy=policy)
     return (y, mean, var, ws), (ty, tmean, tvar, _zero_of(ws))
 
 
-def _infer_jvp(primals, tangents, *, shape, eps, algo, policy):
-    x, scale, bias, mean, var = primals
-    y = norm_infer_p.bind(*primals, shape=shape, eps=eps, algo=algo, policy=policy)
+def _infer_jvp(primals, tangents, *, shape, eps, relu, algo, policy):
+    x, scale, bias, mean, var, res = primals
+    y = norm_infer_p.bind(*primals, shape=shape, eps=eps, relu=relu, algo=algo, policy=policy)
     t = [ad.instantiate_zeros(t) for t in tangents]
-    return y, norm_infer_tangent_p.bind(*t, x, scale, mean, var, shape=shape, eps=eps, algo=None,
-                                        policy=policy)
+    return y, norm_infer_tangent_p.bind(*t, x, scale, mean, var,
+                                        *_saved_epilogue(bias, res, relu), shape=shape, eps=eps,
+                                        relu=relu, algo=None, policy=policy)
 
 
 ad.primitive_jvps[norm_fwd_p] = _fwd_jvp
@@ -399,18 +463,26 @@ def _linear_jvp(name):
 
 def _transposer(name, other):
     """Transpose of linear primitive `name` is primitive `other` (same residuals)."""
-    n_lin, other_prim = _SPECS[name][3], _PRIMS[other]
-    other_kinds, n_in_other = _SPECS[other][0], _SPECS[other][3]
+    kinds, _, _, n_lin = _SPECS[name]
+    other_prim, other_kinds, n_in_other = _PRIMS[other], _SPECS[other][0], _SPECS[other][3]
 
     def transpose(cts, *args, **params):
-        cts = _as_list(cts)[:n_in_other]
+        cts = _instantiate(_as_list(cts)[:n_in_other], other_kinds)
         res = args[n_lin:]
         if any(ad.is_undefined_primal(r) for r in res):
             raise NotImplementedError(f"jaxdnn {name}: transpose with respect to saved values")
-        outs = _as_list(other_prim.bind(*_instantiate(cts, other_kinds), *res, **params))[:n_lin]
-        # (an empty statistics cotangent operand is no input: its cotangent is zero)
-        return [o if ad.is_undefined_primal(a) and a.aval.shape == o.shape else None
-                for o, a in zip(outs, args[:n_lin])] + [None] * len(res)
+        outs = _as_list(other_prim.bind(*cts, *res, **params))[:n_lin]
+        out = []
+        for o, a, k in zip(outs, args[:n_lin], kinds):
+            if not ad.is_undefined_primal(a):
+                out.append(None)
+            elif a.aval.shape == o.shape:
+                out.append(o)
+            elif k == RE and a.aval.shape[0] and not params["relu"]:
+                out.append(cts[0])  # a residual added without relu: its cotangent is y's
+            else:
+                out.append(None)  # an empty operand is no input: its cotangent is zero
+        return out + [None] * len(res)
 
     return transpose
 
@@ -439,7 +511,7 @@ def _batch_rule(name):
         res = _as_list(prim.bind(*folded, shape=shape.batched(v), **params))
         out, out_dims = [], []
         for r, k in zip(res, outs):
-            if k == WS:
+            if k == WS or (k == RE and r.shape[0] == 0):  # scratch, an empty d(residual)
                 out.append(r)
                 out_dims.append(None)
             else:
@@ -513,11 +585,36 @@ def _selection(algo, api):
     return dict(algo=algo, policy=config_lib.settings().policy())
 
 
-def _train(x, scale, bias, shape: NormShape, eps, centered, algo, api):
-    y, mean, var, _ = norm_fwd_p.bind(x.reshape(-1), scale.reshape(-1), bias.reshape(-1),
-                                      shape=shape, eps=eps, centered=centered,
+def _no_residual(x):
+    return jnp.zeros((0,), x.dtype)
+
+
+def _train(x, scale, bias, shape: NormShape, eps, centered, algo, api, residual=None,
+           relu=False):
+    res = _no_residual(x) if residual is None else residual.reshape(-1)
+    y, mean, var, _ = norm_fwd_p.bind(x.reshape(-1), scale.reshape(-1), bias.reshape(-1), res,
+                                      shape=shape, eps=eps, centered=centered, relu=relu,
                                       **_selection(algo, api))
     return y.reshape(x.shape), mean, var
+
+
+_ACTIVATIONS = (None, "relu")
+
+
+def _epilogue(api, x, shape: NormShape, activation, residual):
+    """Checked (residual or None, relu) of a batch norm's fused epilogue."""
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"{api}: `activation` must be one of {_ACTIVATIONS}, got {activation!r}")
+    if residual is not None:
+        residual = _checks.as_array(residual, "residual", api)
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise ValueError(f"{api}: `residual` must match `x` ({x.dtype}{list(x.shape)}), got "
+                             f"{residual.dtype}{list(residual.shape)}")
+    if (activation or residual is not None) and not (shape.T == 1 and shape.A > 1):
+        raise ValueError(f"{api}: `activation` and `residual` fuse into the channels-last "
+                         "batch norm (`axis` the last axis, more than one row); compose "
+                         "jaxdnn.relu and + for this layout")
+    return residual, activation == "relu"
 
 
 def _row_norm(api, x, scale, bias, axis, eps, centered, algo):
@@ -574,7 +671,8 @@ def _per_channel(api, x, scale, bias, axis, eps):
     return x, eps, scale, bias, shape
 
 
-def batch_norm(x, scale, bias, *, axis: int = -1, eps: float = 1e-5, algo: str | None = None):
+def batch_norm(x, scale, bias, *, axis: int = -1, eps: float = 1e-5, algo: str | None = None,
+               activation: str | None = None, residual=None):
     """Batch normalisation in training mode.
 
     Statistics per channel (`axis`: -1 for channels-last, 1 for NCHW) over every other axis,
@@ -584,29 +682,39 @@ def batch_norm(x, scale, bias, *, axis: int = -1, eps: float = 1e-5, algo: str |
     unbiased running estimate). All three outputs are differentiable functions of `x`.
     scale/bias: shape ``(C,)`` or None. `algo` forces the forward's algorithm (see
     :func:`norm_algorithms`).
+
+    Fused epilogue (channels-last): ``y = activation(normalised + residual)`` in the same pass,
+    as a ResNet block ends (``activation="relu"``, `residual` the shortcut, shaped and typed like
+    `x`); its backward masks the gradient inside the batch-norm backward kernels and writes the
+    residual's gradient on the way, so neither direction pays a separate pass for the add or
+    the ReLU.
     """
     api = "jaxdnn.batch_norm"
     x, eps, scale, bias, shape = _per_channel(api, x, scale, bias, axis, eps)
+    residual, relu = _epilogue(api, x, shape, activation, residual)
     c = shape.C
-    y, mean, var = _train(x, scale, bias, shape, eps, True, algo, api)
+    y, mean, var = _train(x, scale, bias, shape, eps, True, algo, api, residual, relu)
     return y, mean.reshape(c), var.reshape(c)
 
 
 def batch_norm_inference(x, scale, bias, mean, var, *, axis: int = -1, eps: float = 1e-5,
-                         algo: str | None = None):
+                         algo: str | None = None, activation: str | None = None, residual=None):
     """Batch normalisation with given statistics:
     ``(x - mean) / sqrt(var + eps) * scale + bias`` per channel `axis`. mean, var, scale and
     bias have shape ``(C,)`` (scale/bias may be None); all inputs are differentiable. `algo`
-    forces the forward's algorithm (see :func:`norm_algorithms`)."""
+    forces the forward's algorithm (see :func:`norm_algorithms`). `activation` ("relu") and
+    `residual` fuse as in :func:`batch_norm`."""
     api = "jaxdnn.batch_norm_inference"
     x, eps, scale, bias, shape = _per_channel(api, x, scale, bias, axis, eps)
+    residual, relu = _epilogue(api, x, shape, activation, residual)
     c, sd = shape.C, stat_dtype(x.dtype)
     if mean is None or var is None:
         raise TypeError(f"{api}: `mean` and `var` are required")
     mean = _param(mean, "mean", (c,), sd, 0, api)
     var = _param(var, "var", (c,), sd, 0, api)
-    y = norm_infer_p.bind(x.reshape(-1), scale, bias, mean, var, shape=shape, eps=eps,
-                          **_selection(algo, api))
+    res = _no_residual(x) if residual is None else residual.reshape(-1)
+    y = norm_infer_p.bind(x.reshape(-1), scale, bias, mean, var, res, shape=shape, eps=eps,
+                          relu=relu, **_selection(algo, api))
     return y.reshape(x.shape)
 
 
@@ -680,13 +788,13 @@ def _psum_parts(parts, axes):
     return jnp.split(total, np.cumsum(sizes)[:-1])
 
 
-def _synced_fwd(axes, shards, *, shape, eps, centered, policy, **_):
+def _synced_fwd(axes, shards, *, shape, eps, centered, relu, policy, **_):
     """A shard's training forward of a batch norm whose batch (a) is sharded over `axes`: its
     block's per-channel mean and M2 (sum of squared deviations), all-gathered (one collective)
     and combined exactly (Chan et al.: M2 = sum M2_i + n sum (mean_i - mean)^2, equal n per
     shard), then the apply kernel with the global statistics."""
 
-    def run(x, scale, bias):
+    def run(x, scale, bias, res):
         sd = stat_dtype(x.dtype)
         xs = _x5(shape, x, sd)
         mean_i = _group_sum(xs) / shape.n if centered else jnp.zeros(shape.P * shape.C, sd)
@@ -695,8 +803,8 @@ def _synced_fwd(axes, shards, *, shape, eps, centered, policy, **_):
         mean = jnp.mean(parts[:, 0], axis=0)
         m2 = jnp.sum(parts[:, 1], axis=0) + shape.n * jnp.sum(jnp.square(parts[:, 0] - mean), 0)
         var = m2 / (shape.n * shards)
-        y = norm_infer_p.bind(x, scale, bias, mean, var, shape=shape, eps=eps, algo=None,
-                              policy=policy)
+        y = norm_infer_p.bind(x, scale, bias, mean, var, res, shape=shape, eps=eps, relu=relu,
+                              algo=None, policy=policy)
         return [y, mean, var, None]  # the workspace: scratch
 
     return run
@@ -709,7 +817,7 @@ def _synced_bwd(axes, shards, **params):
                                   shards=shards) + [None]
 
 _TRAINING = ("norm_fwd", "norm_bwd", "norm_tangent")
-_KIND_FACTORS = {X: "packt", S: "pc", DS: "pc", AFF: "ck"}
+_KIND_FACTORS = {X: "packt", S: "pc", DS: "pc", AFF: "ck", RE: "packt", AE: "ck"}
 
 
 def _partition_rule(name):
@@ -725,12 +833,14 @@ def _partition_rule(name):
 
         def dim(kind, n):
             fs = [f for f in _KIND_FACTORS.get(kind, "") if sizes[f] != 1]
-            if kind == WS or (kind == DS and n == 0) or not fs:
-                return None if fs or kind in (WS, DS) else "bad"
+            if kind == WS or (kind in _MAY_BE_EMPTY and n == 0) or not fs:
+                return None if fs or kind in (WS, *_MAY_BE_EMPTY) else "bad"
             return fs[0] if len(fs) == 1 else "(" + " ".join(fs) + ")"
 
+        out_avals = _as_list(_abstract_eval(name, *avals, shape=shape, **{
+            k: v for k, v in params.items() if k != "devices"}))
         ops = [dim(k, a.shape[0]) or f"z{next(extra)}" for k, a in zip(kinds, avals)]
-        res = [dim(k, 1) or f"z{next(extra)}" for k in outs]
+        res = [dim(k, a.shape[0]) or f"z{next(extra)}" for k, a in zip(outs, out_avals)]
         if "bad" in ops + res:  # a whole operand of size 1: nothing to partition
             return None
         shard_fn = None
