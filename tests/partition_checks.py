@@ -210,6 +210,26 @@ def check_norm():
                  (MESH2, [P("data", None, "model"), P(), P()], None),
                  (MESH1, [P(None, None, "data"), P(), P()], None)]
         check_pair(fn, ref, [x, s, b], cases, argnums=(0, 1, 2), k=64, what=name)
+    # the fused epilogue, relu(batch_norm(x) + r), the residual sharded as x: the same
+    # collectives as the plain ops (the synchronised statistics; nothing for inference)
+    r = rand(8, 4, 16)
+
+    def lax_fused(x, s, b, r):
+        y, mean, var = lax_norm((0, 1), stats=True)(x, s, b)
+        return jax.nn.relu(y + r), mean, var
+
+    fused = [("batch_norm+add+relu",
+              lambda x, s, b, r: jaxdnn.batch_norm(x, s, b, activation="relu", residual=r),
+              lax_fused, 1),
+             ("batch_norm_inference+add+relu",
+              lambda x, s, b, r: jaxdnn.batch_norm_inference(x, s, b, m, v, activation="relu",
+                                                             residual=r),
+              lambda x, s, b, r: jax.nn.relu((x - m) * lax.rsqrt(v + EPS) * s + b + r), 0)]
+    for name, fn, ref, gathers in fused:
+        cases = [(MESH1, [P("data"), P(), P(), P("data")], gathers),
+                 (MESH2, [P(("data", "model")), P(), P(), P(("data", "model"))], gathers),
+                 (MESH2, [P("data", None, "model"), P(), P(), P("data", None, "model")], None)]
+        check_pair(fn, ref, [x, s, b, r], cases, argnums=(0, 1, 2, 3), k=64, what=name)
     # synchronised batch norm: the statistics of a batch far from zero are the global ones to
     # float32 precision (each shard's mean and M2 combined exactly, not sums of squares)
     x = 1e3 + rand(16, 8, 8, 4)

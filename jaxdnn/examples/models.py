@@ -26,8 +26,10 @@ class Ops:
 
     name: str
     conv: Callable          # (x, w, stride=1, padding="SAME", groups=1) -> y, HWIO filter
-    batch_norm: Callable    # (x, scale, bias) -> (y, batch_mean, batch_var), over N, H, W
-    bn_inference: Callable  # (x, scale, bias, mean, var) -> y
+    # Batch norm over N, H, W; `activation` ("relu" or None) and `residual` end a residual
+    # block in the same op: y = activation(normalised + residual).
+    batch_norm: Callable    # (x, scale, bias, activation=, residual=) -> (y, mean, var)
+    bn_inference: Callable  # (x, scale, bias, mean, var, activation=, residual=) -> y
     relu: Callable
     max_pool: Callable      # (x, window, stride, padding): square window, "SAME" or "VALID"
     global_avg_pool: Callable  # (N, H, W, C) -> (N, C)
@@ -54,8 +56,10 @@ def jaxdnn_ops(algo: str | None = None, precision=lax.Precision.HIGHEST) -> Ops:
     return Ops(
         name="jaxdnn",
         conv=conv,
-        batch_norm=lambda x, s, b: jaxdnn.batch_norm(x, s, b, eps=BN_EPS),
-        bn_inference=lambda x, s, b, m, v: jaxdnn.batch_norm_inference(x, s, b, m, v, eps=BN_EPS),
+        batch_norm=lambda x, s, b, **epilogue: jaxdnn.batch_norm(x, s, b, eps=BN_EPS,
+                                                                 **epilogue),
+        bn_inference=lambda x, s, b, m, v, **epilogue: jaxdnn.batch_norm_inference(
+            x, s, b, m, v, eps=BN_EPS, **epilogue),
         relu=jaxdnn.relu,
         max_pool=lambda x, window, stride, padding: jaxdnn.max_pool(
             x, (window, window), strides=(stride, stride), padding=padding),
@@ -67,18 +71,22 @@ def jaxdnn_ops(algo: str | None = None, precision=lax.Precision.HIGHEST) -> Ops:
     )
 
 
-def _lax_batch_norm(x, scale, bias):
+def _lax_batch_norm(x, scale, bias, activation=None, residual=None):
     stats_dtype = jnp.promote_types(x.dtype, jnp.float32)
     xf = x.astype(stats_dtype)
     mean = jnp.mean(xf, axis=(0, 1, 2))
     var = jnp.mean(jnp.square(xf - mean), axis=(0, 1, 2))
-    return _lax_normalise(x, scale, bias, mean, var), mean, var
+    return _lax_normalise(x, scale, bias, mean, var, activation, residual), mean, var
 
 
-def _lax_normalise(x, scale, bias, mean, var):
+def _lax_normalise(x, scale, bias, mean, var, activation=None, residual=None):
+    """As a user writes it: normalise, then the block's add and ReLU (XLA fuses them)."""
     stats_dtype = mean.dtype
     y = (x.astype(stats_dtype) - mean) * lax.rsqrt(var + BN_EPS) * scale + bias
-    return y.astype(x.dtype)
+    y = y.astype(x.dtype)
+    if residual is not None:
+        y = y + residual
+    return jax.nn.relu(y) if activation == "relu" else y
 
 
 def _lax_layer_norm(x, scale, bias):
@@ -148,14 +156,17 @@ def init_cnn(key, image_shape, num_classes, width=32):
     return params, state
 
 
-def _conv_bn(ops: Ops, p, s, x, train, stride=1, padding="SAME"):
+def _conv_bn(ops: Ops, p, s, x, train, stride=1, padding="SAME", activation=None,
+             residual=None):
+    """conv, batch norm, then `activation` of (that + `residual`), as one batch-norm op."""
     y = ops.conv(x, p["w"], stride, padding)
+    epilogue = dict(activation=activation, residual=residual)
     if train:
-        y, mean, var = ops.batch_norm(y, p["scale"], p["bias"])
+        y, mean, var = ops.batch_norm(y, p["scale"], p["bias"], **epilogue)
         s = {"mean": BN_MOMENTUM * s["mean"] + (1 - BN_MOMENTUM) * mean,
              "var": BN_MOMENTUM * s["var"] + (1 - BN_MOMENTUM) * var}
     else:
-        y = ops.bn_inference(y, p["scale"], p["bias"], s["mean"], s["var"])
+        y = ops.bn_inference(y, p["scale"], p["bias"], s["mean"], s["var"], **epilogue)
     return y, s
 
 
@@ -163,15 +174,16 @@ def apply_cnn(ops: Ops, params, state, x, train: bool):
     """Log-probabilities (N, classes) and the updated batch-norm state."""
     new = {}
 
-    def layer(name, x, relu=True):
-        y, new[name] = _conv_bn(ops, params[name], state[name], x, train)
-        return ops.relu(y) if relu else y
+    def layer(name, x, residual=None):
+        y, new[name] = _conv_bn(ops, params[name], state[name], x, train, activation="relu",
+                                residual=residual)
+        return y
 
     x = layer("stem", x)
-    x = ops.relu(x + layer("res1b", layer("res1a", x), relu=False))
+    x = layer("res1b", layer("res1a", x), residual=x)
     x = ops.max_pool(x, 2, 2, "VALID")
     x = layer("down", x)
-    x = ops.relu(x + layer("res2b", layer("res2a", x), relu=False))
+    x = layer("res2b", layer("res2a", x), residual=x)
     x = ops.global_avg_pool(x)
     logits = ops.dense(x, params["head"]["w"], params["head"]["b"])
     return ops.log_softmax(logits), new

@@ -76,26 +76,27 @@ def _block_stride(stage: int, block: int) -> int:
     return 2 if stage and not block else 1
 
 
-def _conv_bn_padded(ops: Ops, p, s, x, train, stride=1):
-    return _conv_bn(ops, p, s, x, train, stride, _padding(p["w"].shape[0]))
+def _conv_bn_padded(ops: Ops, p, s, x, train, stride=1, **epilogue):
+    return _conv_bn(ops, p, s, x, train, stride, _padding(p["w"].shape[0]), **epilogue)
 
 
 def _residual_block(ops: Ops, p, s, x, train, stride):
     """relu(convs(x) + shortcut(x)) and the block's new BN state; the stride goes to the first
-    3x3 conv (conv2 of a bottleneck, conv1 of a basic block)."""
+    3x3 conv (conv2 of a bottleneck, conv1 of a basic block). The last batch norm takes the
+    shortcut and the ReLU (one fused op on jaxdnn)."""
     names = [n for n in ("conv1", "conv2", "conv3") if n in p]
     strided = "conv2" if "conv3" in p else "conv1"
     new = {}
-    y = x
-    for i, name in enumerate(names):
-        y, new[name] = _conv_bn_padded(ops, p[name], s[name], y, train,
-                                       stride if name == strided else 1)
-        if i + 1 < len(names):
-            y = ops.relu(y)
     shortcut = x
     if "proj" in p:
         shortcut, new["proj"] = _conv_bn_padded(ops, p["proj"], s["proj"], x, train, stride)
-    return ops.relu(y + shortcut), new
+    y = x
+    for i, name in enumerate(names):
+        last = i + 1 == len(names)
+        y, new[name] = _conv_bn_padded(ops, p[name], s[name], y, train,
+                                       stride if name == strided else 1, activation="relu",
+                                       residual=shortcut if last else None)
+    return y, new
 
 
 def apply_resnet(ops: Ops, params, state, x, train: bool):
@@ -103,8 +104,7 @@ def apply_resnet(ops: Ops, params, state, x, train: bool):
     which stem it is: 7x7 (stride 2, then the max pool) or CIFAR's 3x3 (stride 1)."""
     imagenet_stem = params["stem"]["w"].shape[0] == 7
     x, stem = _conv_bn_padded(ops, params["stem"], state["stem"], x, train,
-                              2 if imagenet_stem else 1)
-    x = ops.relu(x)
+                              2 if imagenet_stem else 1, activation="relu")
     if imagenet_stem:
         x = ops.max_pool(x, 3, 2, "SAME")
     stages = []
