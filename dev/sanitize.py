@@ -94,6 +94,14 @@ def norm():
             fwd_bwd(f"group_norm {shape} {dt.__name__}",
                     lambda x, s, b: jaxdnn.group_norm(
                         x, s, b, groups=4, layout="NCHW" if axis == 1 else None), x, s, b)
+            if axis == -1:  # the fused epilogue: + residual, ReLU, and the masked backward
+                fwd_bwd(f"batch_norm+add+relu {shape} {dt.__name__}",
+                        lambda x, s, b, r: jaxdnn.batch_norm(x, s, b, activation="relu",
+                                                             residual=r), x, s, b, rand(shape, dt))
+                fwd_bwd(f"batch_norm_inference+add+relu {shape} {dt.__name__}",
+                        lambda x, s, b, r: jaxdnn.batch_norm_inference(
+                            x, s, b, m, v, activation="relu", residual=r), x, s, b,
+                        rand(shape, dt))
         # (2000, 4096): the row backward's 256-thread blocks, each walking more rows than its ring
         # has stages; (300, 16384): 512 threads x 32 values in 16-bit types, the streaming
         # backward (sums in shared memory in float32, in the workspace in float64).
@@ -110,9 +118,13 @@ def norm_fused():
     16x16 images), every block both keeping rows on chip and streaming the rest back through
     phase 3's ring of stash slots, and the split forward (channels-first 96x96 images, several
     pieces per segment), with every training forward algorithm that runs the problem (forced:
-    single pass, split, three passes, two calls); forward only."""
+    single pass, split, three passes, two calls), channels-last also with the fused epilogue
+    (+ residual, ReLU); forward only."""
     cases = (("batch_norm NHWC", (32, 96, 96, 64),
               lambda x, s, b, **kw: jaxdnn.batch_norm(x, s, b, **kw)),
+             ("batch_norm+add+relu NHWC", (32, 96, 96, 64),
+              lambda x, s, b, **kw: jaxdnn.batch_norm(x, s, b, activation="relu", residual=x,
+                                                      **kw)),
              ("batch_norm NCHW", (16, 256, 96, 96),
               lambda x, s, b, **kw: jaxdnn.batch_norm(x, s, b, axis=1, **kw)),
              ("group_norm NHWC", (16, 96, 96, 256),
