@@ -14,6 +14,13 @@ over the ResNet-50 layers close the table.
     python benchmarks/bench_conv_gpu.py --dtypes bfloat16 --layers 3,l2_3x3_128 --dirs fwd,train
     python benchmarks/bench_conv_gpu.py --algos    # also time every supported algorithm (slow)
     python benchmarks/bench_conv_gpu.py --batch 2 --layers 2,3 --no-write   # a CPU smoke test
+    python benchmarks/bench_conv_gpu.py --table 3d   # or grouped, transposed, dilated_depthwise
+
+--table picks the layers: resnet (the default: the ResNet-50 table, two depthwise and two 7x7
+layers, N=64) or one of the tables of the shapes users report as slowest in JAX
+(tests/problems.py CONV_TABLES: 3-D convolutions of a video U-Net and their transposes at N=4,
+ResNeXt's grouped 3x3 layers, 2-D transposed convolutions, dilated depthwise ones), each
+written to its own results table (conv_gpu_<table>) with geomeans over all its layers.
 
 Each measurement jits one function over ROTATE input sets (x, w, dy): 8, as the independent
 review harness used, which overflows the 50 MB L2 of an H100 or H200 on every layer (the
@@ -37,8 +44,8 @@ import jax.numpy as jnp
 import jaxdnn
 from common import (CONV_DIRECTIONS, CONV_DIRECTIONS_NOTE, best_times, conv_direction_fn,
                     conv_flops, conv_fns, conv_layers, default_trials, geomean, in_resnet,
-                    layer_shapes, rotating_inputs, select_layers, time_op, timing_note,
-                    write_results)
+                    layer_shapes, rotating_inputs, select_layers, table_layers, time_op,
+                    timing_note, write_results)
 
 ROTATE = 8
 KERNELS = CONV_DIRECTIONS[:3]  # the directions that are one kernel each
@@ -117,11 +124,11 @@ def score(row, heuristic):
                 "within 10%": "yes" if tf.get(best, 0) <= 1.1 * tf.get(heuristic, 0) else "NO"})
 
 
-def rescore(path, batch):
+def rescore(path, table, batch):
     """Rows of an --algos results file, re-scored with the current heuristic for CUDA."""
     with open(path) as f:
         data = json.load(f)
-    rows, layers = [], {lay.name: lay for lay in conv_layers(batch)}
+    rows, layers = [], {lay.name: lay for lay in table_layers(table, batch)}
     for r in data["rows"]:
         if "algos" in r:
             heuristic = heuristic_algos(layers[r["layer"]], r["dtype"], "cuda")[r["dir"]]
@@ -158,23 +165,35 @@ def first_trace_cost(batch):
     return out
 
 
-def summary_rows(rows):
-    """Geomean ratio per (dtype, direction) over the ResNet-50 layers."""
+def summarised(table: str, layer: str) -> bool:
+    """Whether a layer counts in its table's geomeans (the resnet table: ResNet-50's only)."""
+    return in_resnet(layer) if table == "resnet" else True
+
+
+def summary_label(table: str) -> str:
+    return "ResNet-50" if table == "resnet" else table
+
+
+def summary_rows(rows, table="resnet"):
+    """Geomean ratio per (dtype, direction) over the table's summarised layers."""
     out = []
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         for d in dict.fromkeys(r["dir"] for r in rows):
             sel = [r["ratio"] for r in rows
-                   if r["dtype"] == dtype and r["dir"] == d and in_resnet(r["layer"])]
+                   if r["dtype"] == dtype and r["dir"] == d and summarised(table, r["layer"])]
             if sel:
-                out.append({"layer": "geomean (ResNet-50)", "dtype": dtype, "dir": d,
-                            "ratio": geomean(sel)})
+                out.append({"layer": f"geomean ({summary_label(table)})", "dtype": dtype,
+                            "dir": d, "ratio": geomean(sel)})
     return out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--table", default="resnet",
+                        help="resnet, 3d, grouped, transposed or dilated_depthwise")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="N (default: the table's, 64 for resnet)")
     parser.add_argument("--dtypes", default=DTYPES,
                         help="comma-separated; float32:highest = exact float32 on both sides")
     parser.add_argument("--layers", default="", help="1-based indices or names, comma-separated")
@@ -191,7 +210,7 @@ def main():
     rows, env, extra = [], None, ""
     t0 = time.perf_counter()
     if args.rescore:
-        rows, env = rescore(args.rescore, args.batch)
+        rows, env = rescore(args.rescore, args.table, args.batch)
         args.algos = True
         extra = (" Heuristic columns re-scored (--rescore) from the measured per-algorithm "
                  "times with the current heuristic.")
@@ -199,7 +218,7 @@ def main():
     else:
         dtypes = args.dtypes.split(",")
         for i, dtype in enumerate(dtypes):
-            for layer in select_layers(args.layers, conv_layers(args.batch)):
+            for layer in select_layers(args.layers, table_layers(args.table, args.batch)):
                 rows += bench_layer(layer, dtype, args.dirs.split(","), args.repeats, trials,
                                     args.algos)
             # Written after each dtype, so a run stopped part-way still leaves its table.
@@ -211,22 +230,26 @@ def main():
 
 def report(args, rows, env, trials, extra):
     """Prints the notes and writes the table of `rows` (unless --no-write)."""
-    notes = (f"N={args.batch}, NHWC, through jaxdnn.conv and lax.conv_general_dilated under jit. "
+    batch = table_layers(args.table, args.batch)[0].x_shape[0]
+    notes = (f"N={batch}, channels-last, through jaxdnn.conv (jaxdnn.conv_general_dilated for "
+             "lhs-dilated, transposed convolutions) and lax.conv_general_dilated under jit. "
              "float32 = default precision (TF32 allowed on both sides), float32:highest = "
              f"precision='highest' on both sides (exact float32). {CONV_DIRECTIONS_NOTE} "
              "ratio = XLA time / jaxdnn time (> 1: jaxdnn faster); algo = what jaxdnn's "
              "heuristic runs on this device (jaxdnn.explain; train: fwd/bwd_data/bwd_filter). "
              f"{ROTATE} rotating input sets per jitted call. {timing_note(trials, args.repeats)}")
-    hits = [r["within 10%"] == "yes" for r in rows if "within 10%" in r and in_resnet(r["layer"])]
+    label = summary_label(args.table)
+    hits = [r["within 10%"] == "yes" for r in rows
+            if "within 10%" in r and summarised(args.table, r["layer"])]
     if hits:
         notes += (f" best = fastest jaxdnn algorithm measured; the heuristic is within 10% of it "
-                  f"on {sum(hits)}/{len(hits)} ResNet-50 cases.")
+                  f"on {sum(hits)}/{len(hits)} {label} cases.")
     if args.first_trace:
-        cost = first_trace_cost(args.batch)
+        cost = first_trace_cost(args.batch or 64)
         notes += " First trace+compile of 3 layers' train steps (s): " + ", ".join(
             f"{k} {v:.2f}" for k, v in cost.items()) + "."
-    summary = summary_rows(rows)
-    notes += " Geomean ratio over the ResNet-50 layers: " + "; ".join(
+    summary = summary_rows(rows, args.table)
+    notes += f" Geomean ratio over the {label} layers: " + "; ".join(
         f"{s['dtype']} {s['dir']} {s['ratio']:.3f}" for s in summary) + "." + extra
     print(notes)
     if args.no_write:
@@ -234,7 +257,8 @@ def report(args, rows, env, trials, extra):
     columns = ["layer", "dtype", "dir", "XLA TFLOP/s", "jaxdnn TFLOP/s", "ratio", "algo"]
     if args.algos:
         columns += ["best", "best TFLOP/s", "within 10%"]
-    write_results("conv_gpu", rows + summary, columns, notes=notes, env=env)
+    name = "conv_gpu" if args.table == "resnet" else f"conv_gpu_{args.table}"
+    write_results(name, rows + summary, columns, notes=notes, env=env)
 
 
 if __name__ == "__main__":

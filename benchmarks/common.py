@@ -41,7 +41,8 @@ from jaxdnn.selection.cache import device_identity
 
 # The conv layer tables are tests/problems.py's, shared with the tests.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-from problems import ConvCase, depthwise_layers, large_filter_layers, resnet50_layers  # noqa: E402
+from problems import (CONV_TABLES, ConvCase, depthwise_layers, large_filter_layers,  # noqa: E402
+                      resnet50_layers)
 
 MIN_BATCH_S = 0.02
 
@@ -215,6 +216,18 @@ def conv_layers(batch: int) -> list[ConvCase]:
     return resnet50_layers(batch) + depthwise_layers(batch) + large_filter_layers(batch)
 
 
+def table_layers(table: str, batch: int | None) -> list[ConvCase]:
+    """The layers of a GPU conv table: "resnet" (conv_layers, default batch 64) or one of
+    tests/problems.py's CONV_TABLES (3d, grouped, transposed, dilated_depthwise) at its own
+    default batch unless `batch` is given."""
+    if table == "resnet":
+        return conv_layers(batch or 64)
+    if table not in CONV_TABLES:
+        raise ValueError(f"unknown conv table {table!r}: resnet or one of {sorted(CONV_TABLES)}")
+    layers, default_batch = CONV_TABLES[table]
+    return layers(batch or default_batch)
+
+
 # fwd is the convolution, bwd_data / bwd_filter the halves of its jax.vjp with a random
 # cotangent (the other operand closed over, so one kernel runs), train all three at once.
 CONV_DIRECTIONS = ("fwd", "bwd_data", "bwd_filter", "train")
@@ -238,28 +251,37 @@ def select_layers(spec: str, layers: list[ConvCase]) -> list[ConvCase]:
 
 
 def layer_shapes(layer: ConvCase) -> tuple[tuple, tuple, tuple]:
-    """(x, w, y) shapes: NHWC, HWIO, NHWC."""
-    batch, hw, _, _ = layer.x_shape
-    k, _, _, cout = layer.w_shape
-    (pad, _), _ = layer.kw["padding"]
-    out = (hw + 2 * pad - k) // layer.kw["window_strides"][0] + 1
-    return layer.x_shape, layer.w_shape, (batch, out, out, cout)
+    """(x, w, y) shapes, channels-last (N...C, W..IO, N...C), of any rank."""
+    y = jax.eval_shape(lambda x, w: lax.conv_general_dilated(x, w, **layer.kw),
+                       jax.ShapeDtypeStruct(layer.x_shape, jnp.float32),
+                       jax.ShapeDtypeStruct(layer.w_shape, jnp.float32))
+    return layer.x_shape, layer.w_shape, tuple(y.shape)
 
 
 def conv_flops(layer: ConvCase, direction: str) -> float:
-    """2*N*P*Q*K*C*R*S/groups, 3x that for train."""
-    k, _, cin_per_group, _ = layer.w_shape
-    y = layer_shapes(layer)[2]
-    return 2.0 * np.prod(y) * k * k * cin_per_group * (3 if direction == "train" else 1)
+    """2 x the multiply-adds of real inputs, 3x that for train: 2*N*P*Q*K*C*R*S/groups (every
+    output position times the filter); for a transposed (lhs-dilated) convolution, every
+    input position times the filter, as for the forward convolution whose gradient it is (the
+    taps on the dilation's holes are not work)."""
+    w = np.prod(layer.w_shape, dtype=np.float64)  # taps x C/groups x K
+    positions = layer.x_shape if layer.kw.get("lhs_dilation") else layer_shapes(layer)[2]
+    return 2.0 * np.prod(positions[:-1], dtype=np.float64) * w * (
+        3 if direction == "train" else 1)
 
 
 def conv_fns(layer: ConvCase, algo=None, precision=None) -> tuple[Callable, Callable]:
-    """(jaxdnn conv, lax conv) of a layer as functions of (x, w), NHWC / HWIO."""
+    """(jaxdnn conv, lax conv) of a layer as functions of (x, w), channels-last: jaxdnn.conv as
+    a user calls it (stride, padding, dilation, groups), or jaxdnn.conv_general_dilated with
+    lax's own keywords for an lhs-dilated (transposed) convolution."""
     kw = layer.kw
 
     def ours(x, w):
+        if kw.get("lhs_dilation"):
+            return jaxdnn.conv_general_dilated(x, w, **kw, precision=precision, algo=algo)
         return jaxdnn.conv(x, w, stride=kw["window_strides"], padding=kw["padding"],
-                           groups=kw["feature_group_count"], algo=algo, precision=precision)
+                           dilation=kw.get("rhs_dilation") or 1,
+                           groups=kw.get("feature_group_count", 1), algo=algo,
+                           precision=precision)
 
     def xla(x, w):
         return lax.conv_general_dilated(x, w, **kw, precision=precision)

@@ -89,6 +89,74 @@ def large_filter_layers(batch: int) -> list[ConvCase]:
             layer("x_7x7_128", batch, 28, 128, 128, 7, 1, 3)]
 
 
+# ---- the shapes users report as slowest in JAX (issue 50's tables) ----------------------------
+# A transposed convolution is written as lax.conv_transpose writes it: the lhs-dilated
+# convolution of x by the filter, stride s, padding (k - 1 - p, k - 1 - p + output_padding) for
+# PyTorch's (kernel k, stride s, padding p).
+
+def _transposed(name, x_shape, k, cout, stride, pad, output_padding=0) -> ConvCase:
+    nd = len(x_shape) - 2
+    lo, hi = k - 1 - pad, k - 1 - pad + output_padding
+    return case(name, x_shape, (k,) * nd + (x_shape[-1], cout), window_strides=(1,) * nd,
+                padding=((lo, hi),) * nd, lhs_dilation=(stride,) * nd)
+
+
+def video_3d_layers(batch: int) -> list[ConvCase]:
+    """A video / medical U-Net's 3-D convolutions at 32x64x64 voxels: 3x3x3 (32->64, 64->64),
+    the factorised R(2+1)D pair (1x3x3, 3x1x1), and the decoder's transposed convolutions
+    (2x2x2 and 3x3x3 at stride 2, 16x32x32 -> 32x64x64: jax#31662's gradient is their
+    bwd_data)."""
+    v = (batch, 32, 64, 64)
+    return [case("3d_3x3x3_32_64", (*v, 32), (3, 3, 3, 32, 64), window_strides=(1, 1, 1),
+                 padding=((1, 1),) * 3),
+            case("3d_3x3x3_64", (*v, 64), (3, 3, 3, 64, 64), window_strides=(1, 1, 1),
+                 padding=((1, 1),) * 3),
+            case("3d_1x3x3_64", (*v, 64), (1, 3, 3, 64, 64), window_strides=(1, 1, 1),
+                 padding=((0, 0), (1, 1), (1, 1))),
+            case("3d_3x1x1_64", (*v, 64), (3, 1, 1, 64, 64), window_strides=(1, 1, 1),
+                 padding=((1, 1), (0, 0), (0, 0))),
+            _transposed("3d_T2x2x2s2_64_32", (batch, 16, 32, 32, 64), 2, 32, 2, 0),
+            _transposed("3d_T3x3x3s2_64_32", (batch, 16, 32, 32, 64), 3, 32, 2, 1, 1)]
+
+
+def grouped_layers(batch: int) -> list[ConvCase]:
+    """ResNeXt-50 32x4d's grouped 3x3 convolutions: 32 groups of 4, 8, 16 and 32 channels, and
+    the stride-2 one that opens stage 2 (jax#13800: grouped backward as slow as dense)."""
+    return [layer("g3x3_128_32g", batch, 56, 128, 128, 3, 1, 1, groups=32),
+            layer("g3x3_256_32g", batch, 28, 256, 256, 3, 1, 1, groups=32),
+            layer("g3x3_512_32g", batch, 14, 512, 512, 3, 1, 1, groups=32),
+            layer("g3x3_1024_32g", batch, 7, 1024, 1024, 3, 1, 1, groups=32),
+            layer("g3x3s2_256_32g", batch, 56, 256, 256, 3, 2, 1, groups=32)]
+
+
+def transposed_2d_layers(batch: int) -> list[ConvCase]:
+    """2-D transposed convolutions: a DCGAN generator's 4x4 stride-2 layers and a U-Net
+    decoder's 3x3 stride-2 ones (output_padding 1), each doubling the resolution."""
+    quarter = max(1, batch // 4)  # the U-Net layers' larger images
+    return [_transposed("t4x4s2_512_256", (batch, 8, 8, 512), 4, 256, 2, 1),
+            _transposed("t4x4s2_256_128", (batch, 16, 16, 256), 4, 128, 2, 1),
+            _transposed("t4x4s2_128_64", (batch, 32, 32, 128), 4, 64, 2, 1),
+            _transposed("t3x3s2_256_128", (quarter, 32, 32, 256), 3, 128, 2, 1, 1),
+            _transposed("t3x3s2_128_64", (quarter, 64, 64, 128), 3, 64, 2, 1, 1)]
+
+
+def dilated_depthwise_layers(batch: int) -> list[ConvCase]:
+    """Dilated depthwise 3x3 convolutions (DeepLab / MobileNet atrous blocks; jax#26266) at
+    dilation 2 and 4."""
+    def dw(name, hw, c, d):
+        return case(name, (batch, hw, hw, c), (3, 3, 1, c), window_strides=(1, 1),
+                    padding=((d, d), (d, d)), rhs_dilation=(d, d), feature_group_count=c)
+    return [dw("dw3x3_d2_144", 56, 144, 2), dw("dw3x3_d4_144", 56, 144, 4),
+            dw("dw3x3_d2_288", 28, 288, 2), dw("dw3x3_d4_576", 14, 576, 4)]
+
+
+# The GPU benchmark's other tables (benchmarks/bench_conv_gpu.py --table): (layers at a batch,
+# the default batch).
+CONV_TABLES = {"3d": (video_3d_layers, 4), "grouped": (grouped_layers, 64),
+               "transposed": (transposed_2d_layers, 64),
+               "dilated_depthwise": (dilated_depthwise_layers, 64)}
+
+
 CORRECTNESS_GRID = [
     ConvCase("2d_basic", (2, 7, 6, 5), (3, 3, 5, 4),
              dict(window_strides=(1, 1), padding="SAME", dimension_numbers=NHWC)),
