@@ -11,26 +11,13 @@
 
 #include "cc/activation/activation.h"
 #include "cc/activation/activation_math.h"
+#include "cc/activation/cpu_math_policy.h"
 #include "cc/common/cpu_math.h"
 
 namespace jaxdnn::activation {
 namespace {
 
 namespace cm = cpu_math;
-
-// The math policy of activation_math.h.
-struct CpuMath {
-  static constexpr bool kFast = false;
-  template <typename A> static JAXDNN_INLINE A exp(A x) { return cm::exp(x); }
-  template <typename A> static JAXDNN_INLINE A expm1(A x) { return cm::expm1(x); }
-  template <typename A> static JAXDNN_INLINE A log1p(A x) { return cm::log1p(x); }
-  template <typename A> static JAXDNN_INLINE A tanh(A x) { return cm::tanh(x); }
-  static JAXDNN_INLINE double erfc(double x) { return std::erfc(x); }
-  template <typename A> static JAXDNN_INLINE A inv_one_plus(A e) { return A(1) / (A(1) + e); }
-  static JAXDNN_INLINE float abs(float x) { return std::fabs(x); }
-  static JAXDNN_INLINE float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
-  template <typename A> static JAXDNN_INLINE A select(bool c, A a, A b) { return cm::select(c, a, b); }
-};
 
 // 64K elements (256 KiB of float32 per operand) per task: large enough to amortise the task
 // hand-out, small enough to balance two to dozens of threads.

@@ -9,6 +9,7 @@
 #include "cc/common/parallel.h"
 #include "cc/common/status.h"
 #include "cc/conv/conv.h"
+#include "cc/conv/epilogue.h"
 #include "cc/conv/variant.h"
 
 namespace jaxdnn::conv {
@@ -32,5 +33,8 @@ extern const CpuAlgorithm kCpuDirect;       // cpu_direct.cc: the oracle
 extern const CpuAlgorithm kCpuIm2colGemm;   // cpu_im2col_gemm.cc: im2col + blocked GEMM
 
 const std::vector<const CpuAlgorithm*>& cpu_algorithms();
+
+// The fused epilogue's pass over a forward's result (epilogue.h; cpu_epilogue.cc).
+Status cpu_epilogue(const Epilogue& e, const EpilogueBuffers& b, const Parallel& par);
 
 }  // namespace jaxdnn::conv

@@ -10,6 +10,7 @@
 
 #include "cc/common/status.h"
 #include "cc/conv/conv.h"
+#include "cc/conv/epilogue.h"
 #include "cc/conv/variant.h"
 
 namespace jaxdnn::conv {
@@ -46,6 +47,10 @@ extern const CudaAlgorithm kCudaDepthwise;  // cuda_depthwise.cu: groups == C
 extern const CudaAlgorithm kCudaDepthwise3x3;  // cuda_depthwise_3x3.cu: 3x3 stride 1, K == C
 
 const std::vector<const CudaAlgorithm*>& cuda_algorithms();
+
+// The fused epilogue's pass over a forward's result (epilogue.h; cuda_epilogue.cu), enqueued on
+// `stream`.
+Status cuda_epilogue(const Epilogue& e, const EpilogueBuffers& b, cudaStream_t stream);
 
 // Pieces of a workspace start on 256-byte boundaries (the alignment XLA gives the whole).
 inline int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }

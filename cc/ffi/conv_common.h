@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cc/conv/conv.h"
+#include "cc/conv/epilogue.h"
 #include "cc/conv/variant.h"
 #include "cc/ffi/common.h"
 
@@ -119,11 +120,62 @@ ffi::Error prepare_conv_call(conv::Direction dir, const ffi::AnyBuffer& a, const
   return ffi::Error::Success();
 }
 
+// The fused forward (cc/conv/epilogue.h), jaxdnn_conv_fwd_fused: x, w, bias, residual -> y, z,
+// workspace, with the forward's attributes plus act (int64: an activation.h code, or -1 for
+// none) and alpha (float64[1]). bias is (K,) in the accumulator type (float, or double for a
+// float64 result), residual like y, and z (the pre-activation) like y; each may be empty for
+// none.
+template <typename Binding>
+auto bind_conv_fused(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<I64Span>("stride")
+      .template Attr<I64Span>("pad_lo")
+      .template Attr<I64Span>("pad_hi")
+      .template Attr<I64Span>("lhs_dilation")
+      .template Attr<I64Span>("rhs_dilation")
+      .template Attr<int64_t>("groups")
+      .template Attr<bool>("tf32")
+      .template Attr<std::string_view>("algo")
+      .template Attr<int64_t>("act")
+      .template Attr<ffi::Span<const double>>("alpha");
+}
+
+// The epilogue of a fused call, its operands checked against the problem (y: the result).
+inline std::string make_epilogue(const conv::Args& args, const ffi::AnyBuffer& bias,
+                                 const ffi::AnyBuffer& residual, ffi::AnyBuffer& y,
+                                 ffi::AnyBuffer& z, int64_t act, ffi::Span<const double> alpha,
+                                 conv::Epilogue* e, conv::EpilogueBuffers* b) {
+  const conv::Problem& p = args.p;
+  if (is_integer(args.out)) return "the fused epilogue takes float results";
+  if (alpha.size() != 1) return "alpha must hold one value";
+  if (act < -1 || act >= activation::kNumOps) return "unknown activation code";
+  const DType acc = args.out == DType::kF64 ? DType::kF64 : DType::kF32;
+  auto like = [&](const ffi::AnyBuffer& t, DType dt, int64_t n) {
+    return t.element_count() == 0 ||
+           (t.element_count() == n && to_dtype(t.element_type()) == dt);
+  };
+  if (!like(bias, acc, p.K)) return "bias must be empty or (K,) in the accumulator type";
+  if (!like(residual, args.out, p.y_elems())) return "residual must be empty or like y";
+  if (!like(z, args.out, p.y_elems())) return "z must be empty or like y";
+  *e = {act >= 0, act >= 0 ? activation::Op(act) : activation::Op::kRelu, alpha[0],
+        p.N * p.out_spatial(), p.K, args.out};
+  *b = {y.untyped_data(), z.element_count() ? z.untyped_data() : nullptr,
+        bias.element_count() ? bias.untyped_data() : nullptr,
+        residual.element_count() ? residual.untyped_data() : nullptr};
+  return {};
+}
+
 // The handlers of the three directions on one platform (cpu_common.h: CpuPlatform,
 // cuda_common.h: CudaPlatform). kRegistry returns the platform's algorithms
 // (cc/conv/*_algorithms.h); kRun(algorithm, args, buffers, result, workspace, context) runs the
-// decoded, non-empty call.
-template <typename Platform, auto kRegistry, auto kRun>
+// decoded, non-empty call, kEpilogue(epilogue, buffers, context) the fused forward's pass.
+template <typename Platform, auto kRegistry, auto kRun, auto kEpilogue>
 struct ConvHandlers {
   template <conv::Direction kDir>
   static ffi::Error Call(typename Platform::Context ctx, ffi::AnyBuffer a, ffi::AnyBuffer b,
@@ -139,9 +191,38 @@ struct ConvHandlers {
     return kRun(*alg, args, conv_buffers(kDir, a, b, *result), *result, *workspace, ctx);
   }
 
+  // The forward, then the epilogue's pass over its result.
+  static ffi::Error Fused(typename Platform::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                          ffi::AnyBuffer bias, ffi::AnyBuffer residual,
+                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z,
+                          ffi::Result<ffi::AnyBuffer> workspace, I64Span stride, I64Span pad_lo,
+                          I64Span pad_hi, I64Span lhs_dilation, I64Span rhs_dilation,
+                          int64_t groups, bool tf32, std::string_view algo, int64_t act,
+                          ffi::Span<const double> alpha) {
+    conv::Args args;
+    std::decay_t<decltype(kRegistry().front())> alg = nullptr;
+    ffi::Error e = prepare_conv_call(
+        conv::Direction::kFwd, x, w, *y,
+        {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups, tf32}, algo, kRegistry(),
+        &args, &alg);
+    if (e.failure() || y->element_count() == 0) return e;
+    conv::Epilogue epi;
+    conv::EpilogueBuffers eb;
+    const std::string err = make_epilogue(args, bias, residual, *y, *z, act, alpha, &epi, &eb);
+    if (!err.empty()) return invalid("jaxdnn conv fwd_fused: " + err);
+    e = kRun(*alg, args, conv_buffers(conv::Direction::kFwd, x, w, *y), *y, *workspace, ctx);
+    if (e.failure()) return e;
+    return to_error(kEpilogue(epi, eb, ctx));
+  }
+
   template <conv::Direction kDir>
   static XLA_FFI_Handler* handler() {
     XLA_FFI_DEFINE_HANDLER(h, Call<kDir>, bind_conv(Platform::bind()), Platform::kTraits);
+    return h;
+  }
+
+  static XLA_FFI_Handler* fused_handler() {
+    XLA_FFI_DEFINE_HANDLER(h, Fused, bind_conv_fused(Platform::bind()), Platform::kTraits);
     return h;
   }
 };

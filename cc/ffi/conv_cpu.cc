@@ -16,7 +16,11 @@ ffi::Error run(const conv::CpuAlgorithm& alg, const conv::Args& args, const conv
   return to_error(alg.run(args, bufs, FfiParallel(pool)));
 }
 
-using Handlers = ConvHandlers<CpuPlatform, conv::cpu_algorithms, run>;
+Status epilogue(const conv::Epilogue& e, const conv::EpilogueBuffers& b, ffi::ThreadPool pool) {
+  return conv::cpu_epilogue(e, b, FfiParallel(pool));
+}
+
+using Handlers = ConvHandlers<CpuPlatform, conv::cpu_algorithms, run, epilogue>;
 
 }  // namespace
 
@@ -24,5 +28,6 @@ using conv::Direction;
 JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_fwd", Handlers::handler<Direction::kFwd>());
 JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_bwd_data", Handlers::handler<Direction::kBwdData>());
 JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_bwd_filter", Handlers::handler<Direction::kBwdFilter>());
+JAXDNN_REGISTER_CPU_HANDLER("jaxdnn_conv_fwd_fused", Handlers::fused_handler());
 
 }  // namespace jaxdnn::ffi_util

@@ -26,7 +26,7 @@ ffi::Error run(const conv::CudaAlgorithm& alg, const conv::Args& args, const con
   return to_error(alg.run(args, bufs, need > 0 ? workspace.untyped_data() : nullptr, stream));
 }
 
-using Handlers = ConvHandlers<CudaPlatform, conv::cuda_algorithms, run>;
+using Handlers = ConvHandlers<CudaPlatform, conv::cuda_algorithms, run, conv::cuda_epilogue>;
 
 }  // namespace
 
@@ -34,5 +34,6 @@ using conv::Direction;
 JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_fwd", Handlers::handler<Direction::kFwd>());
 JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_bwd_data", Handlers::handler<Direction::kBwdData>());
 JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_bwd_filter", Handlers::handler<Direction::kBwdFilter>());
+JAXDNN_REGISTER_CUDA_HANDLER("jaxdnn_conv_fwd_fused", Handlers::fused_handler());
 
 }  // namespace jaxdnn::ffi_util

@@ -317,6 +317,155 @@ for _dir, _prim in _PRIMS.items():
 
 
 # ----------------------------------------------------------------------------------------------
+# The fused forward: y = act(conv(x, w) + bias + residual) (cc/conv/epilogue.h)
+# ----------------------------------------------------------------------------------------------
+#
+#   conv_fused_p(x, w, bias, residual) -> y, z
+#
+# bias is (K,) in the accumulator dtype (float32, float64 for float64 results), residual like y,
+# each an empty vector when absent; z is the pre-activation, written (else empty) when `save_z`:
+# the jvp asks for it when the activation's derivative needs it (every activation but relu,
+# whose mask is y > 0). The jvp is the bilinear convolution's tangent (conv_fwd_p, so reverse
+# mode runs the backward kernels) plus the bias's and residual's, times the activation's
+# derivative at z as jax.nn defines it (jnp: XLA fuses it with the bias gradient's sum). The
+# kernel call runs the chosen forward algorithm, then the epilogue's pass over its result.
+
+# activation= name -> (the kernels' op, alpha, the jax.nn function it matches)
+EPILOGUE_ACTIVATIONS = {
+    "relu": ("relu", 0.0, jax.nn.relu), "relu6": ("relu6", 0.0, jax.nn.relu6),
+    "leaky_relu": ("leaky_relu", 0.01, jax.nn.leaky_relu), "elu": ("elu", 1.0, jax.nn.elu),
+    "sigmoid": ("sigmoid", 0.0, jax.nn.sigmoid), "tanh": ("tanh", 0.0, jnp.tanh),
+    "gelu": ("gelu_tanh", 0.0, partial(jax.nn.gelu, approximate=True)),
+    "gelu_exact": ("gelu_erf", 0.0, partial(jax.nn.gelu, approximate=False)),
+    "silu": ("silu", 0.0, jax.nn.silu), "softplus": ("softplus", 0.0, jax.nn.softplus)}
+
+
+def _acc_dtype(out_dtype) -> np.dtype:
+    return np.dtype(np.float64) if np.dtype(out_dtype) == np.float64 else np.dtype(np.float32)
+
+
+def _fused_abstract_eval(x, w, bias, res, *, spec, algo, out_dtype, policy, act, save_z):
+    y = _abstract_eval("fwd", x, w, spec=spec, algo=algo, out_dtype=out_dtype, policy=policy)
+    k = spec.rhs_shape[4]
+    for name, a, shape, dtype in (("bias", bias, (k,), _acc_dtype(out_dtype)),
+                                  ("residual", res, y.shape, y.dtype)):
+        if a.size and (tuple(a.shape) != shape or a.dtype != dtype):
+            raise TypeError(f"jaxdnn conv fwd_fused: {name} {a.str_short()} does not match "
+                            f"{dtype}{list(shape)}")
+    return [y, ShapedArray(y.shape if save_z else (0,), y.dtype)]
+
+
+def _fused_attrs(platform, ctx, *, act, save_z, **params):
+    attrs = _conv_attrs("fwd")(platform, ctx, **params)
+    op, alpha, _ = EPILOGUE_ACTIVATIONS[act] if act else (None, 0.0, None)
+    from .activation import _OPS  # (the kernels' activation codes)
+    return dict(attrs, act=_OPS.index(op) if op else -1,
+                alpha=np.array([alpha], dtype=np.float64))
+
+
+conv_fused_p = _ffi.define_primitive("jaxdnn_conv_fwd_fused", _fused_abstract_eval,
+                                     attrs=_fused_attrs, multiple_results=True)
+
+
+def _empty(dtype):
+    return jnp.zeros((0,), dtype)
+
+
+def _zero_like(v):
+    """A symbolic zero tangent for primal `v`."""
+    return ad.Zero(ShapedArray(v.shape, v.dtype).to_tangent_aval())
+
+
+def _fused_jvp(primals, tangents, *, spec, algo, out_dtype, policy, act, save_z):
+    x, w, bias, res = primals
+    tx, tw, tb, tr = tangents
+    kw = dict(spec=spec, algo=algo, out_dtype=out_dtype, policy=policy)
+    need_z = save_z or act not in (None, "relu")
+    y, z = conv_fused_p.bind(x, w, bias, res, act=act, save_z=need_z, **kw)
+    terms = []
+    if type(tx) is not ad.Zero:
+        terms.append(_bind("fwd", tx, w, **kw))
+    if type(tw) is not ad.Zero:
+        terms.append(_bind("fwd", x, tw, **kw))
+    if type(tb) is not ad.Zero and bias.size:
+        terms.append(jnp.broadcast_to(tb.astype(y.dtype), y.shape))
+    if type(tr) is not ad.Zero and res.size:
+        terms.append(tr)
+    z_out = z if save_z else _empty(y.dtype)
+    if not terms:
+        return (y, z_out), (_zero_like(y), _zero_like(z_out))
+    tz = sum(terms[1:], terms[0])
+    if act is None:
+        ty = tz
+    elif act == "relu":
+        ty = jnp.where(y > 0, tz, jnp.zeros_like(tz))
+    else:
+        ty = jax.jvp(EPILOGUE_ACTIVATIONS[act][2], (z,), (tz,))[1]
+    return (y, z_out), (ty, tz if save_z else _zero_like(z_out))
+
+
+ad.primitive_jvps[conv_fused_p] = _fused_jvp
+
+
+def _fused_reference(x, w, bias, res, *, spec, algo, out_dtype, policy, act, save_z):
+    """The fused forward as the unfused composition (conv_fwd_p, then jnp): the batching rule's
+    form where the filter or the bias is mapped (the convolution's own batching folds those)."""
+    z = _bind("fwd", x, w, spec=spec, algo=algo, out_dtype=out_dtype, policy=policy)
+    if bias.size:
+        z = z + bias.astype(z.dtype)
+    if res.size:
+        z = z + res
+    y = EPILOGUE_ACTIVATIONS[act][2](z) if act else z
+    return [y, z if save_z else _empty(z.dtype)]
+
+
+def _fused_batch(args, dims, *, spec, **params):
+    x, w, bias, res = args
+    bx, bw, bb, br = dims
+    if bw is not None or bb is not None:
+        return jax.vmap(partial(_fused_reference, spec=spec, **params), in_axes=dims)(*args), \
+            (0, 0)
+    size = (x.shape[bx] if bx is not None else res.shape[br])
+    x = jnp.moveaxis(x, bx, 0) if bx is not None else jnp.broadcast_to(x, (size, *x.shape))
+    if res.size:
+        res = jnp.moveaxis(res, br, 0) if br is not None else jnp.broadcast_to(
+            res, (size, *res.shape))
+        res = _fold_batch(res)
+    n, *rest = spec.lhs_shape
+    new = spec.replace(lhs_shape=(size * n, *rest))
+    y, z = conv_fused_p.bind(_fold_batch(x), w, bias, res, spec=new, **params)
+    unfold = lambda a: a.reshape(size, n, *a.shape[1:]) if a.size else a  # noqa: E731
+    return [unfold(y), unfold(z)], [0, 0 if z.size else None]
+
+
+batching.primitive_batchers[conv_fused_p] = _fused_batch
+
+
+def _fused_partition_rule(x, w, bias, res, *, spec, devices, save_z, **params):
+    """The forward's rule with c replicated too (the epilogue is not linear, so the forward's
+    sum over input channels cannot be split into partial sums); bias follows k, the residual
+    and z follow y."""
+    rule = _partition_rule("fwd")(x, w, spec=spec, devices=devices, **params)
+    (x_dims, f_dims), (y_dims,) = rule.dims_of(0), rule.dims_of(1)
+    k_dim = "(" + " ".join(y_dims[-1]) + ")" if len(y_dims[-1]) > 1 else y_dims[-1][0]
+    y_spec = rule.spec.split("->")[1].strip()
+    bias_spec = k_dim if bias.size else "zb"
+    res_spec = y_spec if res.size else "zr"
+    z_spec = y_spec if save_z else "zz"
+    operands = rule.spec.split("->")[0].strip()
+    return dataclasses.replace(
+        rule, spec=f"{operands}, {bias_spec}, {res_spec} -> {y_spec}, {z_spec}",
+        need_replication=tuple(dict.fromkeys((*rule.need_replication, "c"))), reduction=())
+
+
+def _fused_local_params(avals, **params):
+    return _local_params("fwd")(avals[:2], **params)
+
+
+_partition.partitionable(conv_fused_p, _fused_partition_rule, _fused_local_params)
+
+
+# ----------------------------------------------------------------------------------------------
 # Argument checking and canonicalisation
 # ----------------------------------------------------------------------------------------------
 
@@ -555,7 +704,7 @@ def _canonical_problem(lhs, rhs, dnums, window_strides, padding, lhs_dilation, r
 
 def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilation,
                feature_group_count, batch_group_count, precision, preferred_element_type, algo,
-               names: _Names, *, allow_negative_padding: bool):
+               names: _Names, *, allow_negative_padding: bool, epilogue=None):
     lhs, rhs = _operands(lhs, rhs, names)
     try:
         dnums = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dnums)
@@ -569,9 +718,53 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
         rhs_dilation, feature_group_count, batch_group_count, names,
         allow_negative_padding=allow_negative_padding)
     spec = spec.replace(tf32=_allows_tf32(precision, compute))
-    y = _bind("fwd", x, w, spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype,
+    kw = dict(spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype,
               policy=config_lib.settings().policy())
+    if epilogue is None:
+        y = _bind("fwd", x, w, **kw)
+    else:
+        bias, res, act = _check_epilogue(epilogue, spec, dnums, out_dtype, result_dtype, names)
+        y, _ = conv_fused_p.bind(x, w, bias, res, act=act, save_z=False, **kw)
     return lax.convert_element_type(finish(y), result_dtype)
+
+
+def _check_epilogue(epilogue, spec: ConvSpec, dnums, out_dtype, result_dtype, names: _Names):
+    """(bias, canonical residual, activation) of a fused call, each argument checked."""
+    bias, residual, activation = epilogue
+    api = names.api
+    if activation is not None and activation not in EPILOGUE_ACTIVATIONS:
+        raise ValueError(f"{api}: `activation` must be None or one of "
+                         f"{sorted(EPILOGUE_ACTIVATIONS)}, got {activation!r}")
+    if jnp.issubdtype(out_dtype, jnp.integer):
+        raise TypeError(f"{api}: `bias`, `activation` and `residual` need a floating-point "
+                        f"result, not {np.dtype(out_dtype)}")
+    k = spec.rhs_shape[4]
+    if bias is None:
+        bias = _empty(_acc_dtype(out_dtype))
+    else:
+        bias = _checks.as_array(bias, "bias", api)
+        if tuple(bias.shape) != (k,) or not jnp.issubdtype(bias.dtype, jnp.floating):
+            raise ValueError(f"{api}: `bias` must be a floating-point array of shape ({k},) "
+                             f"(the output channels), got {bias.dtype}{list(bias.shape)}")
+        bias = bias.astype(_acc_dtype(out_dtype))
+    out_spec = dnums.out_spec
+    user_shape = [0] * len(out_spec)  # the caller's layout of the canonical y
+    canonical = spec.out_shape
+    nd = len(out_spec) - 2
+    user_shape[out_spec[0]], user_shape[out_spec[1]] = canonical[0], canonical[4]
+    for i in range(nd):
+        user_shape[out_spec[2 + i]] = canonical[4 - nd + i]
+    if residual is None:
+        res = _empty(out_dtype)
+    else:
+        residual = _checks.as_array(residual, "residual", api)
+        if tuple(residual.shape) != tuple(user_shape) or residual.dtype != result_dtype:
+            raise ValueError(f"{api}: `residual` must match the result, "
+                             f"{np.dtype(result_dtype)}{user_shape}, got "
+                             f"{residual.dtype}{list(residual.shape)}")
+        res = jnp.transpose(residual, (out_spec[0], *out_spec[2:], out_spec[1]))
+        res = res.astype(out_dtype).reshape(canonical)
+    return bias, res, activation
 
 
 # ----------------------------------------------------------------------------------------------
@@ -668,7 +861,8 @@ def _allows_tf32(precision, dtype) -> bool:
 
 
 def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, layout: str | None = None,
-         algo=None, precision=None, preferred_element_type=None):
+         algo=None, precision=None, preferred_element_type=None, bias=None, activation=None,
+         residual=None):
     """N-D convolution (1-D, 2-D or 3-D), channels-last by default.
 
     Args:
@@ -685,6 +879,12 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, layout: str 
         default) lets tensor-core algorithms round operands to TF32; ``"highest"`` keeps
         float32 accuracy (3xTF32 on tensor cores). The CPU always computes exactly.
       preferred_element_type: output dtype (e.g. float32 for bfloat16 inputs).
+      bias, activation, residual: a fused epilogue, ``activation(conv + bias + residual)``
+        in one call: `bias` per output channel (shape ``(O,)``), `residual` shaped and typed
+        like the result, `activation` one of relu, relu6, leaky_relu, elu, sigmoid, tanh,
+        gelu (tanh approximation, jax.nn.gelu's default), gelu_exact, silu, softplus (as
+        jax.nn). The sum and the activation are computed in float32 (float64 for float64) and
+        rounded once.
     """
     x, w = _operands(x, w, _CONV_NAMES)
     if x.ndim != w.ndim:
@@ -694,9 +894,11 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, layout: str 
     if len(lhs_layout) != x.ndim:
         raise ValueError(f"jaxdnn.conv: `layout` {lhs_layout!r} does not match the rank "
                          f"{x.ndim} of `x`")
+    fused = bias is not None or activation is not None or residual is not None
     return _conv_core(x, w, (lhs_layout, rhs_layout, lhs_layout), stride, padding, None,
                       dilation, groups, 1, precision, preferred_element_type, algo, _CONV_NAMES,
-                      allow_negative_padding=False)
+                      allow_negative_padding=False,
+                      epilogue=(bias, residual, activation) if fused else None)
 
 
 def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups: int = 1,

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _checks, _ffi
-from ..ops.conv import _PRIMS, DIRECTIONS, ConvSpec, _bind, _shapes, conv
+from ..ops.conv import _PRIMS, DIRECTIONS, ConvSpec, _bind, _shapes, conv, conv_fused_p
 from . import core, explain
 
 
@@ -283,13 +283,16 @@ def find_conv_algorithms(problem: ConvProblem, platform: str | None = None, *,
 
 
 class ConvFamily:
-    """Convolution's side of selection (core.Family): one problem per direction's primitive."""
+    """Convolution's side of selection (core.Family): one problem per direction's primitive.
+    The fused forward (conv_fused_p) is a forward problem: every forward algorithm runs it (its
+    epilogue is a pass after the algorithm's kernels), so it takes the forward's choice."""
 
     name = "conv"
-    primitives = tuple(_PRIMS.values())
+    primitives = (*_PRIMS.values(), conv_fused_p)
 
     def problem(self, primitive, avals, params) -> ConvProblem:
-        direction = next(d for d, prim in _PRIMS.items() if prim is primitive)
+        direction = "fwd" if primitive is conv_fused_p else next(
+            d for d, prim in _PRIMS.items() if prim is primitive)
         return ConvProblem(direction, params["spec"], np.dtype(avals[0].dtype),
                            np.dtype(params["out_dtype"]),
                            params["algo"][DIRECTIONS.index(direction)], params["policy"])
