@@ -209,6 +209,14 @@ def conv(names=""):
                         run = conv_sel._run_algorithm(info.name, p.direction, p.spec, p.out_dtype)
                         finite(f"conv {name} {p.direction} {info.name} {dt.__name__} "
                                f"{precision}", run(a, b))
+    for dt in DTYPES:  # the fused epilogue's pass (every activation), forward and backward
+        for act in conv_ops.EPILOGUE_ACTIVATIONS:
+            x, w = rand((2, 9, 7, 16), dt), rand((3, 3, 16, 24), dt)
+            b, r = rand((24,), jnp.float32), rand((2, 9, 7, 24), dt)
+            fwd_bwd(f"conv fused {act} {dt.__name__}",
+                    lambda x, w, b, r, act=act: jaxdnn.conv(x, w, padding="SAME", bias=b,
+                                                            activation=act, residual=r),
+                    x, w, b, r)
     for name, xs, ws, kw in grid:  # integer convolutions (int8 -> int32) in every direction
         sds = [jax.ShapeDtypeStruct(s, jnp.int8) for s in (xs, ws)]
         (fwd,) = jaxdnn.conv_problems(lambda x, w, kw=kw: jaxdnn.conv_general_dilated(

@@ -157,6 +157,23 @@ def check_conv():
             counts = check(grouped, lax_conv(groups), [xg, wg], *cases[1][:2],
                            k=9 * cin // groups, what=f"groups={groups}")
             assert counts == {}, (groups, counts)
+    # the fused epilogue, gelu(conv + bias + residual): batch and output channels pass
+    # through with no collective; input channels sharded are gathered (the epilogue is not
+    # linear, so the forward's sum over them cannot be split), still right
+    b, r = rand(16), rand(8, 8, 8, 16)
+
+    def fused(x, w, b, r):
+        return jaxdnn.conv(x, w, padding="SAME", bias=b, activation="gelu", residual=r)
+
+    def lax_fused(x, w, b, r):
+        return jax.nn.gelu(lax_conv()(x, w) + b + r)
+
+    cases = [(MESH1, [P("data"), P(), P(), P("data")], 0),
+             (MESH2, [P("data"), P(None, None, None, "model"), P("model"),
+                      P("data", None, None, "model")], 0),
+             (MESH1, [P(None, None, None, "data"), P(None, None, "data"), P(), P()], None)]
+    check_pair(fused, lax_fused, [x, w, b, r], cases, argnums=(0, 1, 2, 3), k=3 * 3 * 16,
+               what="conv+bias+gelu+residual")
 
 
 def lax_norm(axes, centered=True, stats=False):

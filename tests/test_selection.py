@@ -228,10 +228,15 @@ def _conv_softmax_loss(x, w):
 
 def test_families_read_a_problem_from_each_primitive():
     """Every primitive of the conv and softmax families, from the jaxpr of a gradient: the
-    family's problem has the direction, shapes and dtypes of the call, and other equations have
-    none."""
+    family's problem has the direction, shapes and dtypes of the call (the fused convolution's
+    is a forward), and other equations have none."""
     x, w = jnp.ones((2, 6, 6, 3), jnp.float32), jnp.ones((3, 3, 3, 4), jnp.float32)
-    jaxpr = jax.make_jaxpr(jax.grad(_conv_softmax_loss, argnums=(0, 1)))(x, w).jaxpr
+
+    def loss(x, w):
+        fused = jaxdnn.conv(x, w, padding=1, bias=jnp.ones(4), activation="relu")
+        return _conv_softmax_loss(x, w) + jnp.sum(fused)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, w).jaxpr
     seen = {}
     for eqn in jaxpr.eqns:
         problem = explain_lib.problem_from_eqn(eqn)
@@ -243,7 +248,8 @@ def test_families_read_a_problem_from_each_primitive():
     assert set(seen) == {*conv_sel.FAMILY.primitives, *softmax_sel.FAMILY.primitives}
     for prim in conv_sel.FAMILY.primitives:
         p = seen[prim]
-        assert isinstance(p, jaxdnn.ConvProblem) and prim.name == f"jaxdnn_conv_{p.direction}"
+        assert isinstance(p, jaxdnn.ConvProblem)
+        assert prim.name in (f"jaxdnn_conv_{p.direction}", f"jaxdnn_conv_{p.direction}_fused")
         assert p.spec.lhs_shape == (2, 1, 6, 6, 3) and p.spec.rhs_shape == (1, 3, 3, 3, 4)
         assert p.dtype == p.out_dtype == np.float32 and p.forced_algo is None
     fwd, bwd = (seen[prim] for prim in softmax_sel.FAMILY.primitives)

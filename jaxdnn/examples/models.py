@@ -25,7 +25,9 @@ class Ops:
     """The primitives a model uses. All tensors are channels-last."""
 
     name: str
-    conv: Callable          # (x, w, stride=1, padding="SAME", groups=1) -> y, HWIO filter
+    # (x, w, stride=1, padding="SAME", groups=1, bias=, activation=, residual=) -> y, HWIO
+    # filter; y = activation(conv + bias + residual), one fused op on jaxdnn
+    conv: Callable
     # Batch norm over N, H, W; `activation` ("relu" or None) and `residual` end a residual
     # block in the same op: y = activation(normalised + residual).
     batch_norm: Callable    # (x, scale, bias, activation=, residual=) -> (y, mean, var)
@@ -49,9 +51,11 @@ def _dense(precision):
 # The example keeps float32 accuracy on the GPU too (HIGHEST: 3xTF32 on tensor cores for jaxdnn,
 # no TF32 for XLA); precision=None is JAX's default, TF32 for float32 on a GPU.
 def jaxdnn_ops(algo: str | None = None, precision=lax.Precision.HIGHEST) -> Ops:
-    def conv(x, w, stride=1, padding="SAME", groups=1):
+    def conv(x, w, stride=1, padding="SAME", groups=1, bias=None, activation=None,
+             residual=None):
         return jaxdnn.conv(x, w, stride=stride, padding=padding, groups=groups, algo=algo,
-                           precision=precision)
+                           precision=precision, bias=bias, activation=activation,
+                           residual=residual)
 
     return Ops(
         name="jaxdnn",
@@ -97,7 +101,18 @@ def _lax_layer_norm(x, scale, bias):
 
 
 def lax_ops(precision=lax.Precision.HIGHEST) -> Ops:
-    def conv(x, w, stride=1, padding="SAME", groups=1):
+    def conv(x, w, stride=1, padding="SAME", groups=1, bias=None, activation=None,
+             residual=None):
+        """As a user writes it: the convolution, then + bias, + residual and the activation
+        (XLA fuses them, and cuDNN's fused convolution may take the bias and ReLU)."""
+        y = raw_conv(x, w, stride, padding, groups)
+        if bias is not None:
+            y = y + bias.astype(y.dtype)
+        if residual is not None:
+            y = y + residual
+        return {"gelu": jax.nn.gelu, "relu": jax.nn.relu, None: lambda v: v}[activation](y)
+
+    def raw_conv(x, w, stride, padding, groups):
         return lax.conv_general_dilated(x, w, (stride, stride), padding,
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                         feature_group_count=groups, precision=precision)

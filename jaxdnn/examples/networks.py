@@ -146,10 +146,10 @@ def init_convnext_stage(key, num_classes: int, image_shape, blocks: int = 3):
 def apply_convnext_stage(ops: Ops, params, state, x, train: bool):
     """Log-probabilities (N, classes); `state` (empty) comes back as it is."""
     del train  # no batch statistics
-    for p in params["blocks"]:
-        y = ops.conv(x, p["dw"]["w"], groups=x.shape[-1]) + p["dw"]["b"]
+    for p in params["blocks"]:  # (each conv takes its bias, GELU or residual as one op)
+        y = ops.conv(x, p["dw"]["w"], groups=x.shape[-1], bias=p["dw"]["b"])
         y = ops.layer_norm(y, p["norm"]["scale"], p["norm"]["bias"])
-        y = ops.gelu(ops.conv(y, p["expand"]["w"]) + p["expand"]["b"])
-        x = x + ops.conv(y, p["project"]["w"]) + p["project"]["b"]
+        y = ops.conv(y, p["expand"]["w"], bias=p["expand"]["b"], activation="gelu")
+        x = ops.conv(y, p["project"]["w"], bias=p["project"]["b"], residual=x)
     logits = ops.dense(ops.global_avg_pool(x), params["head"]["w"], params["head"]["b"])
     return ops.log_softmax(logits), state
