@@ -458,7 +458,7 @@ def _fused_partition_rule(x, w, bias, res, *, spec, devices, save_z, **params):
     sum over input channels cannot be split into partial sums); bias follows k, the residual
     and z follow y."""
     rule = _partition_rule("fwd")(x, w, spec=spec, devices=devices, **params)
-    (x_dims, f_dims), (y_dims,) = rule.dims_of(0), rule.dims_of(1)
+    (y_dims,) = rule.dims_of(1)
     k_dim = "(" + " ".join(y_dims[-1]) + ")" if len(y_dims[-1]) > 1 else y_dims[-1][0]
     y_spec = rule.spec.split("->")[1].strip()
     bias_spec = k_dim if bias.size else "zb"
