@@ -212,6 +212,19 @@ CORRECTNESS_GRID = [
              dict(window_strides=(2, 1, 1), padding=[(1, 0), (1, 1), (2, 2)],
                   rhs_dilation=(2, 1, 2), feature_group_count=2,
                   dimension_numbers=channels_last(3))),
+    # the shape classes of the slow-in-JAX tables (CONV_TABLES), small: a U-Net decoder's 3-D
+    # transposed convolutions (3x3x3 and 2x2x2, stride 2), R(2+1)D's 3x1x1, a GAN's 4x4 stride-2
+    # transposed convolution, ResNeXt's grouped 3x3 (4 channels a group, stride 2) and a
+    # dilation-4 depthwise 3x3
+    _transposed("3d_transposed_3x3x3_s2", (2, 3, 4, 4, 5), 3, 4, 2, 1, 1),
+    _transposed("3d_transposed_2x2x2_s2", (2, 3, 3, 4, 6), 2, 3, 2, 0),
+    case("3d_3x1x1", (2, 5, 4, 4, 6), (3, 1, 1, 6, 5), window_strides=(1, 1, 1),
+         padding=((1, 1), (0, 0), (0, 0))),
+    _transposed("2d_transposed_4x4_s2", (2, 4, 5, 6), 4, 5, 2, 1),
+    case("2d_grouped_cg4_s2", (2, 9, 9, 32), (3, 3, 4, 32), window_strides=(2, 2),
+         padding=((1, 1), (1, 1)), feature_group_count=8),
+    case("2d_depthwise_dilated4", (2, 13, 12, 8), (3, 3, 1, 8), window_strides=(1, 1),
+         padding=((4, 4), (4, 4)), rhs_dilation=(4, 4), feature_group_count=8),
     ConvCase("2d_wide_channels", (2, 6, 6, 48), (3, 3, 48, 40),
              dict(window_strides=(1, 1), padding="SAME", dimension_numbers=NHWC)),
 ]
