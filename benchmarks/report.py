@@ -37,6 +37,11 @@ FAMILIES = {
     "conv_cpu": ("CPU convolution (im2col_gemm), ResNet-50 layers at N=8, float32",
                  "no train row; CPU time measured in separate runs; threads per side not "
                  "recorded"),
+    "conv_tables": ("GPU convolution, the shapes JAX users report as slowest (benchmarks/"
+                    "bench_conv_gpu.py --table): geomean ratio over each table's layers",
+                    "predates method tags"),
+    "norm_fused": ("Fused batch norm (+ residual, ReLU) on ResNet-50's batch norms, against XLA "
+                   "and jaxdnn's unfused chain", "predates method tags"),
     "norm": ("Normalization", "backward from each side's own residuals (the flax-style "
              "reference saves three float32 tensors); no fwd+bwd under value_and_grad"),
     "softmax": ("softmax and log_softmax", "backward from each side's own residuals; no "
@@ -48,7 +53,8 @@ FAMILIES = {
     "bandwidth": ("Memory bandwidth ceiling (XLA's -x; a device copy)",
                   "recorded before method tags; the measurement has not changed"),
 }
-ORDER = ["e2e", "conv_gpu", "conv_cpu", "norm", "softmax", "activation", "pool", "bandwidth"]
+ORDER = ["e2e", "conv_tables", "conv_gpu", "conv_cpu", "norm_fused", "norm", "softmax",
+         "activation", "pool", "bandwidth"]
 # Tables kept beside the results only: a training step's GPU time by kernel category
 # (benchmarks/profile_step.py), which complements its family's table rather than summarising,
 # and multi-device scaling (benchmarks/bench_scaling.py), whose device counts vary by machine.
@@ -60,7 +66,10 @@ OLD_DIRECTIONS = {"norm": {"bwd": "bwd (own residuals)"}, "softmax": {"bwd": "bw
 
 
 def family(benchmark: str) -> str:
-    """norm_rows16384 -> norm: variants of a benchmark render as it does."""
+    """norm_rows16384 -> norm: variants of a benchmark render as it does; conv_gpu_<table>
+    (bench_conv_gpu.py --table) render together as conv_tables."""
+    if benchmark.startswith("conv_gpu_"):
+        return "conv_tables"
     return next((f for f in ORDER if benchmark.startswith(f)), benchmark)
 
 
@@ -169,6 +178,33 @@ def memory_rows(name: str, data: dict, dtypes: list[str]) -> list[list[str]]:
             for d in dict.fromkeys(map(direction, rows))]
 
 
+def conv_tables_table(items: list[tuple[str, dict, str]]) -> list[str]:
+    """A row per (device, table, dtype): the geomean ratio of every direction over the
+    table's layers (its own geomean rows)."""
+    rows, dirs = [], []
+    for name, data, _ in items:
+        for r in data["rows"]:
+            if r["layer"].startswith("geomean"):
+                dirs += [r["dir"]] if r["dir"] not in dirs else []
+    for name, data, _ in items:
+        geo = [r for r in data["rows"] if r["layer"].startswith("geomean")]
+        for dtype in dict.fromkeys(r["dtype"] for r in geo):
+            ratio = {r["dir"]: r["ratio"] for r in geo if r["dtype"] == dtype}
+            rows.append([data["environment"]["device"], name.removeprefix("conv_gpu_"), dtype]
+                        + [_ratio(ratio.get(d)) for d in dirs])
+    return table(["device", "table", "dtype"] + dirs, rows)
+
+
+def fused_norm_rows(name: str, data: dict, dtypes: list[str]) -> list[list[str]]:
+    """Per (baseline, direction): geomean and lowest row per dtype."""
+    rows = data["rows"]
+    return [[device_label(name, data["environment"]), f"{d} vs {b}"]
+            + by_dtype([r for r in rows if r["direction"] == d and r["baseline"] == b],
+                       lambda r: r["ratio"], lambda r: f"{r['op']} {r['shape']}", dtypes)
+            for b in dict.fromkeys(r["baseline"] for r in rows)
+            for d in dict.fromkeys(r["direction"] for r in rows)]
+
+
 def e2e_table(items: list[tuple[str, dict, str]]) -> list[str]:
     """A row per (device, network, dtype, batch): both sides' images/s, their ratio and the
     relative loss difference."""
@@ -197,7 +233,7 @@ def render(results_dir: str = RESULTS) -> str:
         if item[0] in NOT_RENDERED:
             continue
         fam = family(item[0])
-        groups.setdefault("conv" if fam.startswith("conv") else fam, []).append(item)
+        groups.setdefault("conv" if fam in ("conv_gpu", "conv_cpu") else fam, []).append(item)
     titles = {"conv": "Convolution, ResNet-50 layers (GPU: N=64 NHWC; CPU: N=8, im2col_gemm)"}
     for fam, items in groups.items():
         title = titles.get(fam) or FAMILIES.get(fam, (fam, ""))[0]
@@ -208,11 +244,15 @@ def render(results_dir: str = RESULTS) -> str:
         if fam == "e2e":
             lines += e2e_table(items) + [""]
             continue
+        if fam == "conv_tables":
+            lines += conv_tables_table(items) + [""]
+            continue
         dtypes = list(dict.fromkeys(r.get("dtype", "float32") for _, data, _ in items
                                     for r in data["rows"]))
         body = []
+        rows_of = {"conv": conv_rows, "norm_fused": fused_norm_rows}.get(fam, memory_rows)
         for name, data, _ in items:
-            body += (conv_rows if fam == "conv" else memory_rows)(name, data, dtypes)
+            body += rows_of(name, data, dtypes)
         lines += table(["device", "direction"] + dtypes, body) + [""]
     return "\n".join(lines + [END])
 

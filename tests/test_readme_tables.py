@@ -47,3 +47,26 @@ def test_e2e_table(tmp_path):
     assert ("| NVIDIA H100 80GB HBM3 | resnet50 224x224x3 | bfloat16 | 256 | 2500 | 2000 | 0.8x | "
             "1.2e-03 |") in block
     assert "e2e_profile" not in block and block.count("**End-to-end") == 1
+
+
+def test_new_tables(tmp_path):
+    """bench_conv_gpu.py --table results render one row per (table, dtype) from their geomean
+    rows; bench_norm_fused.py's per (baseline, direction); neither joins the ResNet-50 or the
+    norm table."""
+    env = {"date": "2026-01-01", "device": "NVIDIA H200", "platform": "gpu", "jax": "0.11.2",
+           "cpu_count": 16, "method": 2}
+    conv = [{"layer": "g3x3_128_32g", "dtype": "bfloat16", "dir": "fwd", "ratio": 2.0},
+            {"layer": "geomean (grouped)", "dtype": "bfloat16", "dir": "fwd", "ratio": 2.0},
+            {"layer": "geomean (grouped)", "dtype": "bfloat16", "dir": "bwd_data", "ratio": 0.5}]
+    fused = [{"op": "bn+add+relu", "baseline": b, "dtype": "bfloat16", "direction": "fwd",
+              "shape": "64x56x56x256", "ratio": r} for b, r in (("XLA", 1.1), ("jaxdnn chain",
+                                                                                1.6))]
+    for name, rows in (("conv_gpu_grouped", conv), ("norm_fused", fused)):
+        with open(tmp_path / f"{name}-gpu-H200.json", "w") as f:
+            json.dump({"environment": dict(env, benchmark=name), "notes": "", "rows": rows}, f)
+    block = subprocess.run([sys.executable, REPORT, "--print", "--results", str(tmp_path)],
+                           capture_output=True, text=True, check=True).stdout
+    assert "| NVIDIA H200 | grouped | bfloat16 | 2x | 0.5x |" in block
+    assert "| NVIDIA H200 | fwd vs XLA | 1.1x (lowest 1.1x bn+add+relu 64x56x56x256) |" in block
+    assert "| NVIDIA H200 | fwd vs jaxdnn chain | 1.6x" in block
+    assert "**Convolution, ResNet-50" not in block and "**Normalization**" not in block
