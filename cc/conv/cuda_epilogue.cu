@@ -16,9 +16,9 @@ constexpr int kThreads = 256;
 
 template <activation::Op kOp, typename T>
 __global__ void __launch_bounds__(kThreads)
-    epilogue_kernel(T* __restrict__ y, T* __restrict__ z, const cuda::dev_acc_t<T>* __restrict__ bias,
-                    const T* __restrict__ res, int64_t n, int64_t K, bool act,
-                    cuda::dev_acc_t<T> alpha) {
+    epilogue_kernel(T* __restrict__ y, T* __restrict__ z,
+                    const cuda::dev_acc_t<T>* __restrict__ bias, const T* __restrict__ res,
+                    int64_t n, int64_t K, bool act, cuda::dev_acc_t<T> alpha) {
   using A = cuda::dev_acc_t<T>;
   using M = activation::CudaMath<sizeof(T) == 2>;
   cuda::await_prior_grids();

@@ -612,14 +612,16 @@ bool bwd_aligned(const Bwd<D>& b) {
 
 template <typename D>
 Status column_grads(const Bwd<D>& b, cudaStream_t st) {
-  return launch_columns(b, bwd_aligned(b), column_grads_kernel<D, 1>, column_grads_kernel<D, Vec<D>::kN>, Vec<D>::kN,
-      rows_per_slice(b.s), "norm column_grads_kernel", st);
+  return launch_columns(b, bwd_aligned(b), column_grads_kernel<D, 1>,
+                        column_grads_kernel<D, Vec<D>::kN>, Vec<D>::kN, rows_per_slice(b.s),
+                        "norm column_grads_kernel", st);
 }
 
 template <typename D>
 Status column_dx(const Bwd<D>& b, cudaStream_t st) {
-  return launch_columns(b, bwd_aligned(b), column_dx_kernel<D, 1>, column_dx_kernel<D, Vec<D>::kN>, Vec<D>::kN, apply_rows<D>(),
-      "norm column_dx_kernel", st);
+  return launch_columns(b, bwd_aligned(b), column_dx_kernel<D, 1>,
+                        column_dx_kernel<D, Vec<D>::kN>, Vec<D>::kN, apply_rows<D>(),
+                        "norm column_dx_kernel", st);
 }
 
 template <typename D>
