@@ -18,7 +18,11 @@ relative difference of their losses at the last of them is the loss column. Then
 steps, then --windows windows of --steps steps each, one block_until_ready per window, the two
 sides alternating which goes first; images/s is that of each side's median window, and
 ratio = jaxdnn images/s / lax images/s (> 1: jaxdnn is faster). --quick runs every network once
-per dtype at tiny sizes (a smoke test: its numbers mean nothing).
+per dtype at tiny sizes (a smoke test: its numbers mean nothing). --unfused adds a third side,
+the same networks on jaxdnn with every epilogue (bias, residual add, activation) as its own op
+after the convolution or batch norm (models.jaxdnn_ops(fused=False): the networks as they ran
+before the fused ops), timed in the same windows: the baseline the fused ops are measured
+against (unfused_img_s, unfused_ratio = its images/s / lax's).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ QUICK_BATCH, QUICK_WIDTH = 2, 8  # --quick: the batch, and the ResNets' width (6
 # --steps (per timed window), --windows (per side) and --warmup: by default, and under --quick
 TIMING = {"steps": 10, "windows": 5, "warmup": 3}
 QUICK_TIMING = {"steps": 2, "windows": 2, "warmup": 1}
+UNFUSED_COLUMNS = ["unfused_img_s", "unfused_ratio", "unfused_ms"]
 COLUMNS = ["model", "dtype", "batch", "input", "lax_img_s", "jaxdnn_img_s", "ratio", "lax_ms",
            "jaxdnn_ms", "loss_rel_diff"]
 
@@ -96,16 +101,20 @@ class Side:
         return jax.block_until_ready((loss, self.carry))[0]
 
 
-def sides(name: str, dtype: str, batch: int, quick: bool = False, seed: int = 0):
-    """The (lax, jaxdnn) Sides of a configuration from one initialisation, and one random batch
-    (x, y) on the default device. float32 runs at JAX's default precision on both sides."""
+def sides(name: str, dtype: str, batch: int, quick: bool = False, seed: int = 0,
+          unfused: bool = False):
+    """The (lax, jaxdnn[, jaxdnn unfused]) Sides of a configuration from one initialisation, and
+    one random batch (x, y) on the default device. float32 runs at JAX's default precision on
+    every side."""
     init, apply, shape, classes = network(name, quick)
     params, state = init(jax.random.key(seed))
     kx, ky = jax.random.split(jax.random.key(seed + 1))
     x = jax.random.normal(kx, (batch, *shape), jnp.float32)
     y = jax.random.randint(ky, (batch,), 0, classes)
-    return [Side(ops, apply, dtype, params, state)
-            for ops in (lax_ops(precision=None), jaxdnn_ops(precision=None))], (x, y)
+    tables = [lax_ops(precision=None), jaxdnn_ops(precision=None)]
+    if unfused:
+        tables.append(jaxdnn_ops(precision=None, fused=False))
+    return [Side(ops, apply, dtype, params, state) for ops in tables], (x, y)
 
 
 def median_step_seconds(sides, x, y, steps: int, windows: int) -> list[float]:
@@ -121,17 +130,20 @@ def median_step_seconds(sides, x, y, steps: int, windows: int) -> list[float]:
 
 
 def measure(name: str, dtype: str, batch: int, args) -> dict:
-    """One row: both sides' images/s, their ratio and the loss difference after LOSS_STEPS."""
-    (lax_side, ours), (x, y) = sides(name, dtype, batch, args.quick)
+    """One row: the sides' images/s, their ratios and the loss difference after LOSS_STEPS."""
+    all_sides, (x, y) = sides(name, dtype, batch, args.quick, unfused=args.unfused)
     t0 = time.perf_counter()
-    losses = [float(side.steps(LOSS_STEPS, x, y)) for side in (lax_side, ours)]
-    for side in (lax_side, ours):
+    losses = [float(side.steps(LOSS_STEPS, x, y)) for side in all_sides]
+    for side in all_sides:
         side.steps(args.warmup, x, y)
-    t_lax, t_ours = median_step_seconds((lax_side, ours), x, y, args.steps, args.windows)
+    t_lax, t_ours, *t_unfused = median_step_seconds(all_sides, x, y, args.steps, args.windows)
     row = {"model": name, "dtype": dtype, "batch": batch, "input": "x".join(map(str, x.shape[1:])),
            "lax_img_s": batch / t_lax, "jaxdnn_img_s": batch / t_ours, "ratio": t_lax / t_ours,
            "lax_ms": t_lax * 1e3, "jaxdnn_ms": t_ours * 1e3, "lax_loss": losses[0],
            "jaxdnn_loss": losses[1], "loss_rel_diff": abs(losses[1] - losses[0]) / abs(losses[0])}
+    if t_unfused:
+        row.update(unfused_img_s=batch / t_unfused[0], unfused_ratio=t_lax / t_unfused[0],
+                   unfused_ms=t_unfused[0] * 1e3)
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
           + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
     return row
@@ -166,6 +178,8 @@ def main(argv=None):
                                 ("warmup", 0, f"untimed steps after the {LOSS_STEPS} loss steps")):
         parser.add_argument(f"--{flag}", type=_at_least(minimum), default=None,
                             help=f"{what} (default {TIMING[flag]}, quick {QUICK_TIMING[flag]})")
+    parser.add_argument("--unfused", action="store_true",
+                        help="also time jaxdnn with the epilogues unfused (the baseline)")
     parser.add_argument("--note", default="", help="appended to the notes of the results table")
     parser.add_argument("--out-dir", default=None,
                         help="where the table goes (default: benchmarks/results)")
@@ -196,7 +210,8 @@ def main(argv=None):
                  f"{LOSS_STEPS + args.warmup} steps; ratio = jaxdnn / lax images/s (> 1: jaxdnn "
                  "is faster). loss_rel_diff = |jaxdnn loss - lax loss| / |lax loss| at step "
                  f"{LOSS_STEPS} from the same initialisation.{partial} {args.note}").strip()
-        write_results("e2e", rows, COLUMNS, notes=notes, out_dir=args.out_dir)
+        columns = COLUMNS + (UNFUSED_COLUMNS if args.unfused else [])
+        write_results("e2e", rows, columns, notes=notes, out_dir=args.out_dir)
 
 
 if __name__ == "__main__":

@@ -207,12 +207,15 @@ def fused_norm_rows(name: str, data: dict, dtypes: list[str]) -> list[list[str]]
 
 def e2e_table(items: list[tuple[str, dict, str]]) -> list[str]:
     """A row per (device, network, dtype, batch): both sides' images/s, their ratio and the
-    relative loss difference."""
-    return table(["device", "model", "dtype", "batch", "lax img/s", "jaxdnn img/s", "ratio",
-                  "loss diff"],
+    relative loss difference; with bench_e2e --unfused rows, also the unfused baseline's ratio."""
+    unfused = any("unfused_ratio" in r for _, data, _ in items for r in data["rows"])
+    return table(["device", "model", "dtype", "batch", "lax img/s", "jaxdnn img/s", "ratio"]
+                 + (["unfused ratio"] if unfused else []) + ["loss diff"],
                  [[device_label(name, data["environment"]), f"{r['model']} {r['input']}",
                    r["dtype"], str(r["batch"]), f"{r['lax_img_s']:.0f}",
-                   f"{r['jaxdnn_img_s']:.0f}", _ratio(r["ratio"]), f"{r['loss_rel_diff']:.1e}"]
+                   f"{r['jaxdnn_img_s']:.0f}", _ratio(r["ratio"])]
+                  + ([_ratio(r.get("unfused_ratio"))] if unfused else [])
+                  + [f"{r['loss_rel_diff']:.1e}"]
                   for name, data, _ in items for r in data["rows"]])
 
 

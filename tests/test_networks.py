@@ -52,7 +52,8 @@ def _inputs(net: str):
 def _value_and_grad(net: str, ops_name: str, platform: str):
     """(loss, new BN state, gradients) in float64, as numpy, on `platform`."""
     apply, params, state, x, y = _inputs(net)
-    ops = jaxdnn_ops() if ops_name == "jaxdnn" else lax_ops()
+    ops = {"jaxdnn": jaxdnn_ops, "jaxdnn (unfused)": lambda: jaxdnn_ops(fused=False),
+           "lax": lax_ops}[ops_name]()
     with jax.default_device(device(platform)):
         (loss, new_state), grads = jax.jit(jax.value_and_grad(
             functools.partial(loss_fn, apply, ops, jnp.float64), has_aux=True))(
@@ -68,10 +69,13 @@ def _assert_trees_close(out, ref, dtype, what, **bounds):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("side", ["jaxdnn", "jaxdnn (unfused)"])
 @pytest.mark.parametrize("net", NETS)
-def test_jaxdnn_and_lax_networks_agree(net, platform):
+def test_jaxdnn_and_lax_networks_agree(net, side, platform):
+    """The fused networks, and the unfused baseline bench_e2e --unfused times, are the lax
+    networks."""
     ref = _value_and_grad(net, "lax", platform)
-    out = _value_and_grad(net, "jaxdnn", platform)
+    out = _value_and_grad(net, side, platform)
     for part, o, r in zip(("loss", "state", "grad"), out, ref):
         _assert_trees_close(o, r, jnp.float64, f"{net} {part}", tol=F64_REL_L2,
                             growth=F64_GROWTH)

@@ -48,22 +48,52 @@ def _dense(precision):
     return dense
 
 
+def _then(y, acts, bias=None, activation=None, residual=None):
+    """The epilogue written out as separate ops, as a user chains them: y + bias + residual,
+    then the activation (`acts`: name -> function)."""
+    if bias is not None:
+        y = y + bias.astype(y.dtype)
+    if residual is not None:
+        y = y + residual
+    return acts[activation](y) if activation else y
+
+
+_JAXDNN_ACTS = {"relu": jaxdnn.relu, "gelu": jaxdnn.gelu}
+_LAX_ACTS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
+
+
 # The example keeps float32 accuracy on the GPU too (HIGHEST: 3xTF32 on tensor cores for jaxdnn,
-# no TF32 for XLA); precision=None is JAX's default, TF32 for float32 on a GPU.
-def jaxdnn_ops(algo: str | None = None, precision=lax.Precision.HIGHEST) -> Ops:
-    def conv(x, w, stride=1, padding="SAME", groups=1, bias=None, activation=None,
-             residual=None):
+# no TF32 for XLA); precision=None is JAX's default, TF32 for float32 on a GPU. fused=False
+# runs each epilogue (bias, residual add, activation) as its own op after the convolution or the
+# batch norm, as the networks did before the fused ops: the baseline that shows what they buy.
+def jaxdnn_ops(algo: str | None = None, precision=lax.Precision.HIGHEST,
+               fused: bool = True) -> Ops:
+    def plain_conv(x, w, stride, padding, groups, **epilogue):
         return jaxdnn.conv(x, w, stride=stride, padding=padding, groups=groups, algo=algo,
-                           precision=precision, bias=bias, activation=activation,
-                           residual=residual)
+                           precision=precision, **epilogue)
+
+    def conv(x, w, stride=1, padding="SAME", groups=1, **epilogue):
+        if fused:
+            return plain_conv(x, w, stride, padding, groups, **epilogue)
+        return _then(plain_conv(x, w, stride, padding, groups), _JAXDNN_ACTS, **epilogue)
+
+    def batch_norm(x, s, b, **epilogue):
+        if fused:
+            return jaxdnn.batch_norm(x, s, b, eps=BN_EPS, **epilogue)
+        y, mean, var = jaxdnn.batch_norm(x, s, b, eps=BN_EPS)
+        return _then(y, _JAXDNN_ACTS, **epilogue), mean, var
+
+    def bn_inference(x, s, b, m, v, **epilogue):
+        if fused:
+            return jaxdnn.batch_norm_inference(x, s, b, m, v, eps=BN_EPS, **epilogue)
+        return _then(jaxdnn.batch_norm_inference(x, s, b, m, v, eps=BN_EPS), _JAXDNN_ACTS,
+                     **epilogue)
 
     return Ops(
-        name="jaxdnn",
+        name="jaxdnn" if fused else "jaxdnn (unfused)",
         conv=conv,
-        batch_norm=lambda x, s, b, **epilogue: jaxdnn.batch_norm(x, s, b, eps=BN_EPS,
-                                                                 **epilogue),
-        bn_inference=lambda x, s, b, m, v, **epilogue: jaxdnn.batch_norm_inference(
-            x, s, b, m, v, eps=BN_EPS, **epilogue),
+        batch_norm=batch_norm,
+        bn_inference=bn_inference,
         relu=jaxdnn.relu,
         max_pool=lambda x, window, stride, padding: jaxdnn.max_pool(
             x, (window, window), strides=(stride, stride), padding=padding),
@@ -87,10 +117,7 @@ def _lax_normalise(x, scale, bias, mean, var, activation=None, residual=None):
     """As a user writes it: normalise, then the block's add and ReLU (XLA fuses them)."""
     stats_dtype = mean.dtype
     y = (x.astype(stats_dtype) - mean) * lax.rsqrt(var + BN_EPS) * scale + bias
-    y = y.astype(x.dtype)
-    if residual is not None:
-        y = y + residual
-    return jax.nn.relu(y) if activation == "relu" else y
+    return _then(y.astype(x.dtype), _LAX_ACTS, activation=activation, residual=residual)
 
 
 def _lax_layer_norm(x, scale, bias):
@@ -101,21 +128,13 @@ def _lax_layer_norm(x, scale, bias):
 
 
 def lax_ops(precision=lax.Precision.HIGHEST) -> Ops:
-    def conv(x, w, stride=1, padding="SAME", groups=1, bias=None, activation=None,
-             residual=None):
+    def conv(x, w, stride=1, padding="SAME", groups=1, **epilogue):
         """As a user writes it: the convolution, then + bias, + residual and the activation
         (XLA fuses them, and cuDNN's fused convolution may take the bias and ReLU)."""
-        y = raw_conv(x, w, stride, padding, groups)
-        if bias is not None:
-            y = y + bias.astype(y.dtype)
-        if residual is not None:
-            y = y + residual
-        return {"gelu": jax.nn.gelu, "relu": jax.nn.relu, None: lambda v: v}[activation](y)
-
-    def raw_conv(x, w, stride, padding, groups):
-        return lax.conv_general_dilated(x, w, (stride, stride), padding,
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                        feature_group_count=groups, precision=precision)
+        y = lax.conv_general_dilated(x, w, (stride, stride), padding,
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                     feature_group_count=groups, precision=precision)
+        return _then(y, _LAX_ACTS, **epilogue)
 
     return Ops(
         name="jax.lax",
