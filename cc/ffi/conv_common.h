@@ -23,13 +23,10 @@ using I64Span = ffi::Span<const int64_t>;
 // is (x, w, y) for fwd, (dy, w, dx) for bwd_data and (x, dy, dw) for bwd_filter, all rank 5 in
 // the canonical layouts of cc/conv/conv.h, and workspace is the chosen algorithm's scratch
 // (uint8, workspace_bytes long; allocated by XLA so the call stays graph-capturable).
+// The attributes every conv call ends with (the window, groups, tf32 and the algorithm).
 template <typename Binding>
-auto bind_conv(Binding b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Attr<I64Span>("stride")
+auto with_conv_attrs(Binding b) {
+  return std::move(b).template Attr<I64Span>("stride")
       .template Attr<I64Span>("pad_lo")
       .template Attr<I64Span>("pad_hi")
       .template Attr<I64Span>("lhs_dilation")
@@ -37,6 +34,14 @@ auto bind_conv(Binding b) {
       .template Attr<int64_t>("groups")
       .template Attr<bool>("tf32")
       .template Attr<std::string_view>("algo");
+}
+
+template <typename Binding>
+auto bind_conv(Binding b) {
+  return with_conv_attrs(std::move(b).template Arg<ffi::AnyBuffer>()
+                             .template Arg<ffi::AnyBuffer>()
+                             .template Ret<ffi::AnyBuffer>()
+                             .template Ret<ffi::AnyBuffer>());
 }
 
 // The DType of a conv operand: the float dtypes of to_dtype and the integer ones that only
@@ -127,21 +132,13 @@ ffi::Error prepare_conv_call(conv::Direction dir, const ffi::AnyBuffer& a, const
 // none.
 template <typename Binding>
 auto bind_conv_fused(Binding b) {
-  return std::move(b).template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Attr<I64Span>("stride")
-      .template Attr<I64Span>("pad_lo")
-      .template Attr<I64Span>("pad_hi")
-      .template Attr<I64Span>("lhs_dilation")
-      .template Attr<I64Span>("rhs_dilation")
-      .template Attr<int64_t>("groups")
-      .template Attr<bool>("tf32")
-      .template Attr<std::string_view>("algo")
+  return with_conv_attrs(std::move(b).template Arg<ffi::AnyBuffer>()
+                             .template Arg<ffi::AnyBuffer>()
+                             .template Arg<ffi::AnyBuffer>()
+                             .template Arg<ffi::AnyBuffer>()
+                             .template Ret<ffi::AnyBuffer>()
+                             .template Ret<ffi::AnyBuffer>()
+                             .template Ret<ffi::AnyBuffer>())
       .template Attr<int64_t>("act")
       .template Attr<ffi::Span<const double>>("alpha");
 }
