@@ -43,6 +43,9 @@ def _jaxdnn(family: str) -> str:
 
 
 CATEGORIES = [
+    # the fused convolution's epilogue pass (cc/conv/cuda_epilogue.cu): memory-bound work between
+    # the convolutions, counted apart from them
+    ("conv epilogue", _jaxdnn("conv") + r"(::|\d+).*epilogue_kernel"),
     ("convolution / GEMM", _jaxdnn("conv") + r"|(?i:cudnn|xmma|cutlass|gemm|cublas|nvjet|"
                                                r"convolve|conv2d|fprop|dgrad|wgrad|winograd|fft)"),
     ("normalization", _jaxdnn("norm")),

@@ -81,6 +81,10 @@ def test_profile_step_categories(profile_step):
         "void jaxdnn::conv::(anonymous namespace)::wgmma_kernel<128, 128>(Params)":
             "convolution / GEMM",
         "_ZN6jaxdnn4conv12_GLOBAL__N_112halo_kernelEv": "convolution / GEMM",
+        "void jaxdnn::conv::(anonymous namespace)::epilogue_kernel<(jaxdnn::activation::Op)6, "
+        "__nv_bfloat16>(__nv_bfloat16*)": "conv epilogue",
+        "_ZN6jaxdnn4conv12_GLOBAL__N_115epilogue_kernelILNS_10activation2OpE0EfEEvPT0_": "conv "
+        "epilogue",
         "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc": "convolution / GEMM",
         "triton_gemm_dot_3": "convolution / GEMM",
         "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT": "convolution / GEMM",
