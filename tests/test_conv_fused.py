@@ -176,6 +176,13 @@ def test_lowers_to_one_fused_call():
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(x, w, bias, res).as_text()
     for target in ("jaxdnn_conv_fwd_fused", "jaxdnn_conv_bwd_data", "jaxdnn_conv_bwd_filter"):
         assert target in text, target
+    # explain names the fused forward, and it takes the plain forward's choice
+    fused_row, = [e for e in jaxdnn.explain(jax.jit(loss), x, w, bias, res, platform="cpu")]
+    assert fused_row.problem.epilogue == "bias+silu+residual"
+    assert fused_row.problem.describe().endswith(" fused bias+silu+residual")
+    plain = jaxdnn.explain(jax.jit(lambda x, w: jaxdnn.conv(x, w, layout=layout, **kw)), x, w,
+                           platform="cpu")[0]
+    assert fused_row.algo == plain.algo
 
 
 @pytest.mark.parametrize("call,match", [

@@ -24,7 +24,10 @@ from . import core, explain
 class ConvProblem:
     """One convolution as the kernels see it: direction, canonical spec, dtypes, the algorithm
     forced by the caller (None: chosen by the library) and the jaxdnn.config policy in force
-    when it was traced, as (benchmark, deterministic, workspace_limit or -1)."""
+    when it was traced, as (benchmark, deterministic, workspace_limit or -1). `epilogue` names
+    the fused forward's epilogue ("bias+gelu+residual"; empty for a plain call): it is what
+    the call runs after the algorithm, not part of the choice (the tuning cache's key leaves it
+    out)."""
 
     direction: str
     spec: ConvSpec
@@ -32,12 +35,14 @@ class ConvProblem:
     out_dtype: np.dtype
     forced_algo: str | None = None
     policy: tuple[bool, bool, int] = (False, False, -1)
+    epilogue: str = ""
 
     def describe(self) -> str:
         s = self.spec
         return (f"conv {self.direction:10s} x{s.lhs_shape} w{s.rhs_shape} stride{s.stride} "
                 f"groups={s.groups} {self.dtype.name}->{self.out_dtype.name}"
-                + (" tf32" if s.tf32 else ""))
+                + (" tf32" if s.tf32 else "") + (f" fused {self.epilogue}" if self.epilogue
+                                                  else ""))
 
     def choose(self, platform: str) -> core.Choice:
         return core.choose(FAMILY, self, platform)
@@ -291,11 +296,18 @@ class ConvFamily:
     primitives = (*_PRIMS.values(), conv_fused_p)
 
     def problem(self, primitive, avals, params) -> ConvProblem:
-        direction = "fwd" if primitive is conv_fused_p else next(
-            d for d, prim in _PRIMS.items() if prim is primitive)
+        direction, epilogue = "fwd", ""
+        if primitive is conv_fused_p:
+            _, _, bias, res = avals
+            parts = (["bias"] if bias.size else []) + [params["act"] or ""] + (
+                ["residual"] if res.size else [])
+            epilogue = "+".join(p for p in parts if p)
+        else:
+            direction = next(d for d, prim in _PRIMS.items() if prim is primitive)
         return ConvProblem(direction, params["spec"], np.dtype(avals[0].dtype),
                            np.dtype(params["out_dtype"]),
-                           params["algo"][DIRECTIONS.index(direction)], params["policy"])
+                           params["algo"][DIRECTIONS.index(direction)], params["policy"],
+                           epilogue)
 
     def algorithms(self, problem: ConvProblem, platform: str) -> list[core.AlgoInfo]:
         """Each algorithm's default variant, and every variant in benchmark mode, which times
