@@ -235,9 +235,17 @@ def check_norm():
         y, mean, var = lax_norm((0, 1), stats=True)(x, s, b)
         return jax.nn.relu(y + r), mean, var
 
+    def lax_fused_ncw(x, s, b, r):
+        y, mean, var = lax_norm((0, 2), stats=True)(x, s[:4, None], b[:4, None])
+        return jax.nn.relu(y + r), mean, var
+
     fused = [("batch_norm+add+relu",
               lambda x, s, b, r: jaxdnn.batch_norm(x, s, b, activation="relu", residual=r),
               lax_fused, 1),
+             ("batch_norm+add+relu NCW",
+              lambda x, s, b, r: jaxdnn.batch_norm(x, s[:4], b[:4], axis=1, activation="relu",
+                                                   residual=r),
+              lax_fused_ncw, 1),
              ("batch_norm_inference+add+relu",
               lambda x, s, b, r: jaxdnn.batch_norm_inference(x, s, b, m, v, activation="relu",
                                                              residual=r),

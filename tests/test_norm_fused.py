@@ -19,22 +19,26 @@ from util import PLATFORMS, assert_close, on, rand
 
 EPS = float(np.float32(1e-5))
 
-# Channels-last shapes: 16 and 64 channels take the vector kernels (CUDA: 16-byte packs, the
-# flat and single-pass forwards), 3 and 5 the scalar ones; (2, 9, 7, 16) has rows that are not
-# a multiple of the CPU's super-row width.
-SHAPES = [(4, 5, 6, 16), (3, 7, 5, 3), (2, 8, 8, 64), (2, 9, 7, 16), (40, 5)]
+# (shape, channel axis). Channels-last (the column path): 16 and 64 channels take the vector
+# kernels (CUDA: 16-byte packs, the flat and single-pass forwards), 3 and 5 the scalar ones;
+# (2, 9, 7, 16) has rows that are not a multiple of the CPU's super-row width. Channels-first
+# (the segment path): segments of 30 values (scalar kernels), 64 (vectors: the single-pass
+# forward) and 520 (the CUDA split forward: statistics, table, flat apply).
+SHAPES = [((4, 5, 6, 16), -1), ((3, 7, 5, 3), -1), ((2, 8, 8, 64), -1), ((2, 9, 7, 16), -1),
+          ((40, 5), -1), ((3, 6, 5, 6), 1), ((2, 16, 8, 8), 1), ((3, 8, 520), 1)]
 # (activation, residual?) of every epilogue: relu alone, relu with the add, the add alone.
 EPILOGUES = [("relu", False), ("relu", True), (None, True)]
 
 
 def _ids(v):
-    return "x".join(map(str, v)) if isinstance(v, tuple) and all(
-        isinstance(d, int) for d in v) else str(v)
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], tuple):
+        return "x".join(map(str, v[0])) + ("" if v[1] == -1 else f"_axis{v[1]}")
+    return str(v)
 
 
-def _inputs(shape, dtype, seed=0):
+def _inputs(shape, dtype, seed=0, axis=-1):
     rng = np.random.default_rng(seed)
-    c = shape[-1]
+    c = shape[axis]
     x = rand(rng, shape, dtype, scale=2.0, offset=0.5)
     res = rand(rng, shape, dtype)
     pd = np.float64 if dtype == jnp.float64 else np.float32  # parameters: the statistics'
@@ -45,14 +49,20 @@ def _inputs(shape, dtype, seed=0):
     return x, res, s, b, mean, var
 
 
-def _reference(x, res, s, b, activation, *, mean=None, var=None):
+def _expand(p, ndim, axis):
+    shape = [1] * ndim
+    shape[axis] = -1
+    return np.asarray(p, np.float64).reshape(shape)
+
+
+def _reference(x, res, s, b, activation, *, mean=None, var=None, axis=-1):
     """numpy float64: y = act(normalised + res); training statistics when mean is None."""
     x64 = np.asarray(x, np.float64)
-    axes = tuple(range(x.ndim - 1))
+    axes = tuple(a for a in range(x.ndim) if a != axis % x.ndim)
     if mean is None:
         mean, var = x64.mean(axes), x64.var(axes)
-    z = (x64 - mean) / np.sqrt(np.asarray(var, np.float64) + EPS) * np.asarray(s, np.float64) \
-        + np.asarray(b, np.float64)
+    e = lambda p: _expand(p, x.ndim, axis)  # noqa: E731
+    z = (x64 - e(mean)) / np.sqrt(e(var) + EPS) * e(s) + e(b)
     if res is not None:
         z = z + np.asarray(res, np.float64)
     return np.maximum(z, 0) if activation == "relu" else z
@@ -62,21 +72,22 @@ def _reference(x, res, s, b, activation, *, mean=None, var=None):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16],
                          ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("activation,with_res", EPILOGUES, ids=_ids)
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
-def test_forward(shape, activation, with_res, dtype, platform):
-    x, res, s, b, mean, var = _inputs(shape, dtype)
+@pytest.mark.parametrize("case", SHAPES, ids=_ids)
+def test_forward(case, activation, with_res, dtype, platform):
+    shape, axis = case
+    x, res, s, b, mean, var = _inputs(shape, dtype, axis=axis)
     r = res if with_res else None
     xd, sd, bd, md, vd = on(platform, x, s, b, mean, var)
     rd = on(platform, r) if with_res else None
-    y, m, v = jax.jit(lambda x, s, b, r: jaxdnn.batch_norm(x, s, b, activation=activation,
-                                                           residual=r))(xd, sd, bd, rd)
+    y, m, v = jax.jit(lambda x, s, b, r: jaxdnn.batch_norm(
+        x, s, b, axis=axis, activation=activation, residual=r))(xd, sd, bd, rd)
     assert y.dtype == x.dtype
-    assert_close(y, _reference(x, r, s, b, activation), dtype, what="training y")
-    axes = tuple(range(x.ndim - 1))
+    assert_close(y, _reference(x, r, s, b, activation, axis=axis), dtype, what="training y")
+    axes = tuple(a for a in range(x.ndim) if a != axis % x.ndim)
     assert_close(m, np.asarray(x, np.float64).mean(axes), jnp.float32, what="mean")
     y = jax.jit(lambda x, s, b, m, v, r: jaxdnn.batch_norm_inference(
-        x, s, b, m, v, activation=activation, residual=r))(xd, sd, bd, md, vd, rd)
-    assert_close(y, _reference(x, r, s, b, activation, mean=mean, var=var), dtype,
+        x, s, b, m, v, axis=axis, activation=activation, residual=r))(xd, sd, bd, md, vd, rd)
+    assert_close(y, _reference(x, r, s, b, activation, mean=mean, var=var, axis=axis), dtype,
                  what="inference y")
 
 
@@ -90,12 +101,15 @@ def _train_loss(activation, with_res, f=None):
     return loss
 
 
-def _jnp_batch_norm(x, s, b, *, activation, residual):
+def _jnp_batch_norm(x, s, b, *, activation, residual, axis=-1):
     """jax.nn / jnp float64 twin of the fused batch norm (the independent reference)."""
     x = x.astype(jnp.float64)
-    axes = tuple(range(x.ndim - 1))
+    axes = tuple(a for a in range(x.ndim) if a != axis % x.ndim)
     mean, var = x.mean(axes), x.var(axes)
-    z = (x - mean) * jax.lax.rsqrt(var + EPS) * s + b
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    e = lambda p: p.reshape(shape)  # noqa: E731
+    z = (x - e(mean)) * jax.lax.rsqrt(e(var) + EPS) * e(s) + e(b)
     if residual is not None:
         z = z + residual.astype(jnp.float64)
     return (jax.nn.relu(z) if activation == "relu" else z), mean, var
@@ -110,27 +124,28 @@ def _vjp(f, args, cts):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.bfloat16],
                          ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("activation,with_res", EPILOGUES, ids=_ids)
-@pytest.mark.parametrize("shape", SHAPES[:4], ids=_ids)
-def test_gradients(shape, activation, with_res, dtype, platform):
+@pytest.mark.parametrize("case", SHAPES[:4] + SHAPES[5:], ids=_ids)
+def test_gradients(case, activation, with_res, dtype, platform):
     """d(x), d(scale), d(bias), d(residual) of the training op for random cotangents of its
     three outputs, against the vjp of the float64 jnp twin on the same (rounded) values."""
-    x, res, s, b, _, _ = _inputs(shape, dtype, seed=1)
+    shape, axis = case
+    x, res, s, b, _, _ = _inputs(shape, dtype, seed=1, axis=axis)
     rng = np.random.default_rng(2)
     sd = np.float64 if dtype == jnp.float64 else np.float32  # the statistics' dtype
     cts = (rand(rng, shape, dtype), rand(rng, s.shape, sd), rand(rng, s.shape, sd))
 
     def fused(x, s, b, r):
-        return jaxdnn.batch_norm(x, s, b, activation=activation, residual=r)
+        return jaxdnn.batch_norm(x, s, b, axis=axis, activation=activation, residual=r)
 
     def twin(x, s, b, r):
-        return _jnp_batch_norm(x, s, b, activation=activation, residual=r)
+        return _jnp_batch_norm(x, s, b, activation=activation, residual=r, axis=axis)
 
     got = jax.jit(lambda a, c: _vjp(fused, a, c))(on(platform, x, s, b, res),
                                                   on(platform, *cts))
     f64 = lambda a: jnp.asarray(np.asarray(a, np.float64))
     with jax.default_device(jax.devices("cpu")[0]):
         want = _vjp(twin, [f64(a) for a in (x, s, b, res)], tuple(f64(c) for c in cts))
-    n = int(np.prod(shape[:-1]))
+    n = int(np.prod(shape)) // shape[axis]
     for name, g, w in zip(("dx", "dscale", "dbias", "dresidual"), got, want):
         if name == "dresidual" and not with_res:
             continue
@@ -140,10 +155,11 @@ def test_gradients(shape, activation, with_res, dtype, platform):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("axis", [-1, 1])
 @pytest.mark.parametrize("activation,with_res", EPILOGUES, ids=_ids)
-def test_inference_gradients(activation, with_res, platform):
-    shape = (4, 5, 6, 16)
-    x, res, s, b, mean, var = _inputs(shape, jnp.float64, seed=2)
+def test_inference_gradients(activation, with_res, axis, platform):
+    shape = (4, 5, 6, 16) if axis == -1 else (4, 16, 5, 6)
+    x, res, s, b, mean, var = _inputs(shape, jnp.float64, seed=2, axis=axis)
 
     def loss(f):
         def run(x, s, b, m, v, r):
@@ -152,11 +168,14 @@ def test_inference_gradients(activation, with_res, platform):
         return run
 
     def fused(x, s, b, m, v, r):
-        return jaxdnn.batch_norm_inference(x, s, b, m, v, activation=activation,
+        return jaxdnn.batch_norm_inference(x, s, b, m, v, axis=axis, activation=activation,
                                            residual=r if with_res else None)
 
     def twin(x, s, b, m, v, r):
-        z = (x - m) * jax.lax.rsqrt(v + EPS) * s + b + (r if with_res else 0)
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        e = lambda p: p.reshape(shape)  # noqa: E731
+        z = (x - e(m)) * jax.lax.rsqrt(e(v) + EPS) * e(s) + e(b) + (r if with_res else 0)
         return jax.nn.relu(z) if activation == "relu" else z
 
     argnums = tuple(range(6))
@@ -167,7 +186,8 @@ def test_inference_gradients(activation, with_res, platform):
     for i, (g, w) in enumerate(zip(got, want)):
         if i == 5 and not with_res:
             continue
-        assert_close(g, w, jnp.float64, k=1 if i in (0, 5) else int(np.prod(shape[:-1])),
+        assert_close(g, w, jnp.float64,
+                     k=1 if i in (0, 5) else int(np.prod(shape)) // shape[axis],
                      what=f"d(argument {i})")
 
 
@@ -263,26 +283,27 @@ def test_grad_runs_masked_backward_kernel():
 
 
 def test_registry_support():
-    """Every column-path algorithm takes the epilogue; the other paths decline it by name."""
-    column = NormShape(P=1, A=30, C=16, K=1, T=1)
-    segment = NormShape(P=1, A=3, C=16, K=1, T=20)
+    """The column and segment paths' algorithms take the epilogue; the row path's decline it
+    by name."""
+    shapes = {"column": NormShape(P=1, A=30, C=16, K=1, T=1),
+              "segment": NormShape(P=1, A=3, C=16, K=1, T=20),
+              "row": NormShape(P=1, A=1, C=16, K=1, T=1)}
     for direction in ("fwd", "infer", "bwd"):
-        infos = jaxdnn.norm_algorithms(
-            NormProblem(direction, column, np.dtype(np.float32), relu=True, residual=True),
-            "cpu")
-        assert [a.name for a in infos if a.supported] == ["column"]
-        infos = jaxdnn.norm_algorithms(
-            NormProblem(direction, segment, np.dtype(np.float32), relu=True), "cpu")
-        seg = next(a for a in infos if a.name == "segment")
-        assert not seg.supported and "epilogue" in seg.reason
+        for path, shape in shapes.items():
+            infos = {a.name: a for a in jaxdnn.norm_algorithms(
+                NormProblem(direction, shape, np.dtype(np.float32), relu=True, residual=True),
+                "cpu")}
+            assert infos[path].supported == (path != "row"), (direction, path)
+            if path == "row":
+                assert "epilogue" in infos[path].reason
 
 
 @pytest.mark.parametrize("call,match", [
     (lambda x, s: jaxdnn.batch_norm(x, s, s, activation="gelu"), "activation"),
     (lambda x, s: jaxdnn.batch_norm(x, s, s, residual=x[:1]), "residual"),
     (lambda x, s: jaxdnn.batch_norm(x, s, s, residual=x.astype(jnp.bfloat16)), "residual"),
-    (lambda x, s: jaxdnn.batch_norm(x.transpose(0, 3, 1, 2), s, s, axis=1, activation="relu"),
-     "channels-last"),
+    (lambda x, s: jaxdnn.batch_norm(x[:1, :1, :1], s, s, activation="relu"),
+     "more than one value per channel"),
     (lambda x, s: jaxdnn.batch_norm_inference(x, s, s, s, s + 1, activation="tanh"),
      "activation"),
     (lambda x, s: jaxdnn.batch_norm(x, s, s, residual="shortcut"), "residual"),

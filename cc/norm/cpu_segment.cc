@@ -6,6 +6,9 @@
 //   apply  y = (x - mean)*(rstd*scale) + bias.                Traffic: read x, write y.
 //   grads  sums of dy*xhat and dy per segment.                Traffic: read x, dy.
 //   dx     dx = scale*rstd*dy + (x - mean)*c1 + c2.           Traffic: read x, dy, write dx.
+// The fused epilogue (norm.h Epilogue): apply adds the residual and applies the ReLU (+ read
+// residual); grads and dx mask dy where the recomputed z <= 0 (+ read residual), dx writing the
+// masked dy as d(residual).
 // Tasks take whole segments, about 32K values each, in memory order. A training forward that
 // took whole groups per task through stats, merge and apply (apply re-reading x from L2, one
 // pass fewer from memory) lost to these passes on a 2-core EPYC with a 32 MB L3, in batch norm
@@ -51,9 +54,28 @@ JAXDNN_ALWAYS_INLINE void segment_apply_range(const FwdView<T>& v, int64_t r0, i
     const S<T> mu = v.mean[sg.group];
     const S<T> g = rstd_of<T>(v.var[sg.group], v.eps) * v.scale[sg.affine], b = v.bias[sg.affine];
     const T* x = v.x + r * T_;
+    const T* res = v.residual ? v.residual + r * T_ : nullptr;
     T* y = v.y + r * T_;
-    for_lanes<T>(T_, [&](int64_t t, auto tag) { put(y, t, (at(x, t, tag) - mu) * g + b, tag); });
+    if (!res && !v.relu) {
+      for_lanes<T>(T_, [&](int64_t t, auto tag) { put(y, t, (at(x, t, tag) - mu) * g + b, tag); });
+      continue;
+    }
+    for_lanes<T>(T_, [&](int64_t t, auto tag) {
+      auto z = (at(x, t, tag) - mu) * g + b;
+      if (res) z += at(res, t, tag);
+      put(y, t, v.relu ? relu_of(z) : z, tag);
+    });
   }
+}
+
+// The segment's dy at t, masked by the epilogue's ReLU where z = (x - mu)*g + b [+ res] <= 0
+// (the forward's arithmetic: g = rstd*scale).
+template <typename T, typename Tag>
+JAXDNN_ALWAYS_INLINE auto segment_masked_dy(const T* x, const T* dy, const T* res, S<T> mu,
+                                            S<T> g, S<T> b, int64_t t, Tag tag) {
+  auto z = (at(x, t, tag) - mu) * g + b;
+  if (res) z += at(res, t, tag);
+  return relu_mask(z, at(dy, t, tag));
 }
 
 template <typename T>
@@ -64,9 +86,29 @@ JAXDNN_ALWAYS_INLINE void segment_grads_range(const BwdView<T>& v, int64_t r0, i
     const S<T> mu = v.mean[sg.group];
     const T* x = v.x + r * T_;
     const T* dy = v.dy + r * T_;
-    S<T> sdy, sdyxc;
-    lane_grad_sums<false, T>(x, dy, nullptr, T_, mu, &sdy, &sdyxc);
-    v.ws0[r] = sdyxc * rstd_of<T>(v.var[sg.group], v.eps);
+    const S<T> rs = rstd_of<T>(v.var[sg.group], v.eps);
+    S<T> sdy = 0, sdyxc = 0;
+    if (!v.relu) {
+      lane_grad_sums<false, T>(x, dy, nullptr, T_, mu, &sdy, &sdyxc);
+    } else {  // the masked dy's sums, per lane and then across lanes
+      const S<T> g = rs * v.scale[sg.affine], b = v.bias[sg.affine];
+      const T* res = v.residual ? v.residual + r * T_ : nullptr;
+      V<T> a1 = {}, a2 = {};
+      for_lanes<T>(T_, [&](int64_t t, auto tag) {
+        const auto d = segment_masked_dy(x, dy, res, mu, g, b, t, tag);
+        const auto xc = at(x, t, tag) - mu;
+        if constexpr (std::is_same_v<decltype(tag), VecTag>) {
+          a1 += d;
+          a2 += d * xc;
+        } else {
+          sdy += d;
+          sdyxc += d * xc;
+        }
+      });
+      sdy += hsum<T>(a1);
+      sdyxc += hsum<T>(a2);
+    }
+    v.ws0[r] = sdyxc * rs;
     v.ws1[r] = sdy;
   }
 }
@@ -81,8 +123,19 @@ JAXDNN_ALWAYS_INLINE void segment_dx_range(const BwdView<T>& v, int64_t r0, int6
     const T* x = v.x + r * T_;
     const T* dy = v.dy + r * T_;
     T* dx = v.dx + r * T_;
+    if (!v.relu) {
+      for_lanes<T>(T_, [&](int64_t t, auto tag) {
+        put(dx, t, gr * at(dy, t, tag) + (at(x, t, tag) - mu) * c1 + c2, tag);
+      });
+      continue;
+    }
+    const S<T> b = v.bias[sg.affine];
+    const T* res = v.residual ? v.residual + r * T_ : nullptr;
+    T* dres = v.dres ? v.dres + r * T_ : nullptr;
     for_lanes<T>(T_, [&](int64_t t, auto tag) {
-      put(dx, t, gr * at(dy, t, tag) + (at(x, t, tag) - mu) * c1 + c2, tag);
+      const auto d = segment_masked_dy(x, dy, res, mu, gr, b, t, tag);
+      put(dx, t, gr * d + (at(x, t, tag) - mu) * c1 + c2, tag);
+      if (dres) put(dres, t, d, tag);
     });
   }
 }

@@ -580,7 +580,7 @@ template <typename D>
 Status column_flat_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
   const Shape& s = f.s;
-  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y) || !cuda::vec_aligned(f.residual))
+  if (!fwd_aligned(f))
     return Status::Error("norm column flat apply: x, y and the residual must be 16-byte aligned");
   if constexpr (sizeof(D) >= 4) {
     const int64_t packs = s.elems() / N;
@@ -596,18 +596,9 @@ Status column_flat_apply(const Fwd<D>& f, cudaStream_t st) {
 
 template <typename D>
 Status column_apply(const Fwd<D>& f, cudaStream_t st) {
-  return launch_columns(f,
-                        cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y) &&
-                            cuda::vec_aligned(f.residual),
-                        column_apply_kernel<D, 1>, column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN,
-                        apply_rows<D>(), "norm column_apply_kernel", st);
-}
-
-// Whether every x-like buffer of a backward starts 16-byte aligned (the vector kernels).
-template <typename D>
-bool bwd_aligned(const Bwd<D>& b) {
-  return cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx) &&
-         cuda::vec_aligned(b.residual) && cuda::vec_aligned(b.dres);
+  return launch_columns(f, fwd_aligned(f), column_apply_kernel<D, 1>,
+                        column_apply_kernel<D, Vec<D>::kN>, Vec<D>::kN, apply_rows<D>(),
+                        "norm column_apply_kernel", st);
 }
 
 template <typename D>
@@ -642,7 +633,7 @@ Support column_fused_support(const Shape& s) {
 template <typename D>
 Status column_fused(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
-  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y) || !cuda::vec_aligned(f.residual))
+  if (!fwd_aligned(f))
     return Status::Error("norm column single pass: x, y and the residual must be 16-byte "
                          "aligned");
   constexpr auto kernel = column_fused_kernel<D, N>;

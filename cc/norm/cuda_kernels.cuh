@@ -364,6 +364,19 @@ struct Bwd {
   D* dres;
 };
 
+// Whether every x-like buffer of a call starts 16-byte aligned (the vector kernels): a forward's
+// x, y and residual, a backward's x, dy, dx, residual and d(residual) (null ones count as
+// aligned).
+template <typename D>
+inline bool fwd_aligned(const Fwd<D>& f) {
+  return cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y) && cuda::vec_aligned(f.residual);
+}
+template <typename D>
+inline bool bwd_aligned(const Bwd<D>& b) {
+  return cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx) &&
+         cuda::vec_aligned(b.residual) && cuda::vec_aligned(b.dres);
+}
+
 // VEC accumulators at p (16-byte aligned; VEC*sizeof(Acc) a multiple of 16) in 16-byte words.
 template <typename Acc, int VEC>
 __device__ __forceinline__ void load_words(const Acc* p, Acc (&out)[VEC]) {

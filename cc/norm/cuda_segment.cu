@@ -31,6 +31,9 @@
 //          lowering therefore issues the two halves (segment_split_stats: statistics and
 //          merge; segment_split_apply) as separate XLA calls, which XLA schedules as it does
 //          its own reductions and elementwise passes (jaxdnn/ops/norm.py).
+//   epilogue (norm.h Epilogue) in apply, the table apply and the fused kernel: + residual, ReLU
+//          (traffic + read residual); in grads and dx: dy masked where the recomputed z <= 0
+//          (+ read residual), dx writing the masked dy as d(residual) (+ write).
 //   fused  the single-pass training forward (cuda_kernels.cuh) over units: piece q of segment r
 //          (segment_piece_len(s) values, norm.h), unit u = r*pieces + q, its partial at index u.
 //          Block b owns a contiguous run of units (so a contiguous slice of x, whose tail is
@@ -85,31 +88,48 @@ struct LaneChunks {
   __device__ __forceinline__ int64_t at(int64_t m) const { return (lane + m * rt) * VEC; }
 };
 
-// Calls f(offset, x values, dy values) for the lane's chunks of the segment at x (and dy), a
-// few chunks of loads in flight; kInputs == 1 reads x alone.
+// Calls f(offset, x values, dy values, residual values) for the lane's chunks of the segment
+// at x (and dy, and res: the epilogue's residual, when not null; its values are zeros
+// without one), a few chunks of loads in flight; kInputs == 1 reads x alone.
 template <typename D, int VEC, int kInputs, typename F>
-__device__ __forceinline__ void for_chunks(const D* x, const D* dy, int64_t T, int lane, int rt,
-                                           F f) {
+__device__ __forceinline__ void for_chunks(const D* x, const D* dy, const D* res, int64_t T,
+                                           int lane, int rt, F f) {
   using Pk = PackOf<D, VEC>;
   struct Chunks {
-    Pk x, dy;
+    Pk x, dy, res;
   };
   const LaneChunks<VEC> lc(T, lane, rt);
   pipelined<kLoadsInFlight / kInputs, false>(
       0, lc.count,
       [&](int64_t m) {
-        Chunks c;
+        Chunks c{};
         c.x = Pk::load_ro(x + lc.at(m));
         if constexpr (kInputs == 2) c.dy = Pk::load_ro(dy + lc.at(m));
+        if (res) c.res = Pk::load_ro(res + lc.at(m));
         return c;
       },
       [&](int64_t m, const Chunks& c) {
-        A<D> xv[VEC], dv[VEC];
+        A<D> xv[VEC], dv[VEC], rv[VEC] = {};
         c.x.unpack(xv);
         if constexpr (kInputs == 2) c.dy.unpack(dv);
-        f(lc.at(m), xv, dv);
+        if (res) c.res.unpack(rv);
+        f(lc.at(m), xv, dv, rv);
       });
 }
+
+// A segment's per-value coefficients as VEC-wide rows (mask_pack's and finish_pack's form).
+template <typename Acc, int VEC>
+struct SegmentCoefs {
+  Acc mu[VEC], gg[VEC], bb[VEC];
+  __device__ __forceinline__ SegmentCoefs(Acc m, Acc g, Acc b) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      mu[e] = m;
+      gg[e] = g;
+      bb[e] = b;
+    }
+  }
+};
 
 // Sum over the RT lanes of a segment (a warp, or the block); every thread must call it.
 template <typename Acc>
@@ -178,11 +198,14 @@ __global__ void __launch_bounds__(kThreads) segment_apply_kernel(Fwd<D> f, Segme
     const SegmentPlace pl(f.s, r);
     const Acc mu = f.mean[pl.group], b = f.bias[pl.affine];
     const Acc gg = rstd_of<D>(f.var[pl.group], f.eps) * f.scale[pl.affine];
-    for_chunks<D, VEC, 1>(f.x + r * T, nullptr, T, lane, g.rt,
-                          [&](int64_t i, const Acc(&v)[VEC], const Acc(&)[VEC]) {
+    const D* const res = f.residual ? f.residual + r * T : nullptr;
+    for_chunks<D, VEC, 1>(f.x + r * T, nullptr, res, T, lane, g.rt,
+                          [&](int64_t i, const Acc(&v)[VEC], const Acc(&)[VEC],
+                              const Acc(&rv)[VEC]) {
                             Acc out[VEC];
 #pragma unroll
                             for (int e = 0; e < VEC; ++e) out[e] = (v[e] - mu) * gg + b;
+                            finish_pack<Acc, VEC>(rv, res != nullptr, f.relu, out);
                             store_vals<D, VEC>(f.y + r * T + i, out);
                           });
   });
@@ -201,17 +224,27 @@ __global__ void __launch_bounds__(kThreads) segment_grads_kernel(Bwd<D> b, Segme
       const SegmentPlace pl(b.s, r);
       const Acc mu = b.mean[pl.group];
       rs = rstd_of<D>(b.var[pl.group], b.eps);
-      const Acc gr = b.coef_fn.training ? Acc(0) : rs * b.scale[pl.affine];
-      for_chunks<D, VEC, 2>(b.x + r * T, b.dy + r * T, T, lane, g.rt,
-                            [&](int64_t i, const Acc(&x)[VEC], const Acc(&d)[VEC]) {
-                              Acc dx[VEC];
+      const Acc gz = rs * b.scale[pl.affine];
+      const Acc gr = b.coef_fn.training ? Acc(0) : gz;
+      const SegmentCoefs<Acc, VEC> z(mu, gz, b.relu ? b.bias[pl.affine] : Acc(0));
+      const D* const res = b.residual ? b.residual + r * T : nullptr;
+      for_chunks<D, VEC, 2>(b.x + r * T, b.dy + r * T, res, T, lane, g.rt,
+                            [&](int64_t i, const Acc(&x)[VEC], const Acc(&dy)[VEC],
+                                const Acc(&rv)[VEC]) {
+                              Acc d[VEC], dx[VEC];
+#pragma unroll
+                              for (int e = 0; e < VEC; ++e) d[e] = dy[e];
+                              if (b.relu) mask_pack<Acc, VEC>(x, rv, res, z.mu, z.gg, z.bb, d);
 #pragma unroll
                               for (int e = 0; e < VEC; ++e) {
                                 sdy += d[e];
                                 sdyx += d[e] * (x[e] - mu);
                                 dx[e] = gr * d[e];
                               }
-                              if (!b.coef_fn.training) store_vals<D, VEC>(b.dx + r * T + i, dx);
+                              if (!b.coef_fn.training) {  // inference: dx (and d(residual))
+                                store_vals<D, VEC>(b.dx + r * T + i, dx);
+                                if (b.dres) store_vals<D, VEC>(b.dres + r * T + i, d);
+                              }
                             });
     }
     sdy = lane_sum(sdy, scratch, g.rt);
@@ -234,13 +267,20 @@ __global__ void __launch_bounds__(kThreads) segment_dx_kernel(Bwd<D> b, SegmentG
     const SegmentPlace pl(b.s, r);
     const Acc mu = b.mean[pl.group], c1 = b.coef[2 * pl.group], c2 = b.coef[2 * pl.group + 1];
     const Acc gr = rstd_of<D>(b.var[pl.group], b.eps) * b.scale[pl.affine];
-    for_chunks<D, VEC, 2>(b.x + r * T, b.dy + r * T, T, lane, g.rt,
-                          [&](int64_t i, const Acc(&x)[VEC], const Acc(&d)[VEC]) {
-                            Acc out[VEC];
+    const SegmentCoefs<Acc, VEC> z(mu, gr, b.relu ? b.bias[pl.affine] : Acc(0));
+    const D* const res = b.residual ? b.residual + r * T : nullptr;
+    for_chunks<D, VEC, 2>(b.x + r * T, b.dy + r * T, res, T, lane, g.rt,
+                          [&](int64_t i, const Acc(&x)[VEC], const Acc(&dy)[VEC],
+                              const Acc(&rv)[VEC]) {
+                            Acc d[VEC], out[VEC];
+#pragma unroll
+                            for (int e = 0; e < VEC; ++e) d[e] = dy[e];
+                            if (b.relu) mask_pack<Acc, VEC>(x, rv, res, z.mu, z.gg, z.bb, d);
 #pragma unroll
                             for (int e = 0; e < VEC; ++e)
                               out[e] = gr * d[e] + (x[e] - mu) * c1 + c2;
                             store_vals<D, VEC>(b.dx + r * T + i, out);
+                            if (b.dres) store_vals<D, VEC>(b.dres + r * T + i, d);
                           });
   });
 }
@@ -364,10 +404,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     const Acc gg = rstd_of<D>(f.var[pl.group], f.eps) * f.scale[pl.affine];
     const Chunks c = chunks_of(u);
     auto apply = [&](int64_t i, const Pk& v) {
-      Acc out[VEC];
+      Acc out[VEC], rv[VEC] = {};
       v.unpack(out);
+      if (f.residual) Pk::load_ro(f.residual + c.at(i)).unpack(rv);  // (the epilogue's)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) out[e] = (out[e] - mu) * gg + b;
+      finish_pack<Acc, VEC>(rv, f.residual != nullptr, f.relu, out);
       store_vals<D, VEC>(f.y + c.at(i), out);
     };
     pipelined<kFusedInFlight, true>(
@@ -458,10 +500,12 @@ __global__ void __launch_bounds__(kThreads)
   Acc row[4];
   load_words(f.table + 4 * int64_t(i / seg_packs), row);
   const int64_t at = int64_t(i) * VEC;
-  Acc out[VEC];
+  Acc out[VEC], rv[VEC] = {};
   PackOf<D, VEC>::load_ro(f.x + at).unpack(out);
+  if (f.residual) PackOf<D, VEC>::load_ro(f.residual + at).unpack(rv);  // (the epilogue's)
 #pragma unroll
   for (int e = 0; e < VEC; ++e) out[e] = (out[e] - row[0]) * row[1] + row[2];
+  finish_pack<Acc, VEC>(rv, f.residual != nullptr, f.relu, out);
   store_vals<D, VEC>(f.y + at, out);
 }
 
@@ -524,22 +568,17 @@ Status segment_stats(const Fwd<D>& f, cudaStream_t st) {
 
 template <typename D>
 Status segment_apply(const Fwd<D>& f, cudaStream_t st) {
-  return launch_segments<D, ApplyLaunch>(f, cuda::vec_aligned(f.x) && cuda::vec_aligned(f.y),
-                                         "norm segment_apply_kernel", st);
+  return launch_segments<D, ApplyLaunch>(f, fwd_aligned(f), "norm segment_apply_kernel", st);
 }
 
 template <typename D>
 Status segment_grads(const Bwd<D>& b, cudaStream_t st) {
-  return launch_segments<D, GradsLaunch>(
-      b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx),
-      "norm segment_grads_kernel", st);
+  return launch_segments<D, GradsLaunch>(b, bwd_aligned(b), "norm segment_grads_kernel", st);
 }
 
 template <typename D>
 Status segment_dx(const Bwd<D>& b, cudaStream_t st) {
-  return launch_segments<D, DxLaunch>(
-      b, cuda::vec_aligned(b.x) && cuda::vec_aligned(b.dy) && cuda::vec_aligned(b.dx),
-      "norm segment_dx_kernel", st);
+  return launch_segments<D, DxLaunch>(b, bwd_aligned(b), "norm segment_dx_kernel", st);
 }
 
 template <typename D>
@@ -558,8 +597,9 @@ Support segment_fused_support(const Shape& s) {
 template <typename D>
 Status segment_fused(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
-  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
-    return Status::Error("norm segment single pass: x and y must be 16-byte aligned");
+  if (!fwd_aligned(f))
+    return Status::Error("norm segment single pass: x, y and the residual must be 16-byte "
+                         "aligned");
   constexpr auto kernel = segment_fused_kernel<D, N>;
   FusedCapacity cap;
   Status status = fused_capacity<kernel>(&cap);
@@ -627,8 +667,8 @@ Status segment_split_stats(const Fwd<D>& f, cudaStream_t st) {
 template <typename D>
 Status segment_split_apply(const Fwd<D>& f, cudaStream_t st) {
   constexpr int N = Vec<D>::kN;
-  if (!cuda::vec_aligned(f.x) || !cuda::vec_aligned(f.y))
-    return Status::Error("norm segment split: x and y must be 16-byte aligned");
+  if (!fwd_aligned(f))
+    return Status::Error("norm segment split: x, y and the residual must be 16-byte aligned");
   const int64_t packs = f.s.elems() / N;
   return cuda::launch("norm segment_table_apply_kernel", segment_table_apply_kernel<D, N>,
                       unsigned((packs + kThreads - 1) / kThreads), kThreads, 0, st, f,

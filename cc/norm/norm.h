@@ -154,7 +154,7 @@ inline Status validate(const Shape& s) {
 }
 
 // The fused epilogue of an apply (batch norm + add + ReLU, as cuDNN's BN-add-ReLU; the column
-// path's kernels only):
+// and segment paths' kernels, not the row path's):
 //   forward   z = (x - mean)*rstd*scale + bias [+ residual],   y = relu ? max(z, 0) : z
 //   backward  with relu: dz = dy where z > 0, else 0 (z recomputed from x, the statistics,
 //             bias and the residual, in the forward's arithmetic), then the plain backward of dz,
@@ -240,10 +240,10 @@ inline Support on_path(const Problem& p, Path want) {
       "the column path (A > 1, T == 1: channels-last batch and group norm)",
       "the segment path (T > 1: channels-first batch and group norm)"};
   const Path is = path_of(p.s);
-  if (is == want && (want == Path::kColumn || !p.epi.any())) return Support::Yes();
+  if (is == want && (want != Path::kRow || !p.epi.any())) return Support::Yes();
   if (is == want)
-    return Support::No("the fused activation / residual epilogue runs on the column path "
-                       "(channels-last batch and group norm) only");
+    return Support::No("the fused activation / residual epilogue runs on the column and "
+                       "segment paths (batch and group norm), not the row path");
   return Support::No(std::string("runs ") + kPaths[int(want)] + "; this problem is on " +
                      kPaths[int(is)]);
 }

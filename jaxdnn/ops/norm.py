@@ -610,10 +610,9 @@ def _epilogue(api, x, shape: NormShape, activation, residual):
         if residual.shape != x.shape or residual.dtype != x.dtype:
             raise ValueError(f"{api}: `residual` must match `x` ({x.dtype}{list(x.shape)}), got "
                              f"{residual.dtype}{list(residual.shape)}")
-    if (activation or residual is not None) and not (shape.T == 1 and shape.A > 1):
-        raise ValueError(f"{api}: `activation` and `residual` fuse into the channels-last "
-                         "batch norm (`axis` the last axis, more than one row); compose "
-                         "jaxdnn.relu and + for this layout")
+    if (activation or residual is not None) and shape.A == 1 and shape.T == 1:
+        raise ValueError(f"{api}: `activation` and `residual` fuse into a batch norm over more "
+                         "than one value per channel; `x` has one (compose jaxdnn.relu and +)")
     return residual, activation == "relu"
 
 
@@ -683,7 +682,7 @@ def batch_norm(x, scale, bias, *, axis: int = -1, eps: float = 1e-5, algo: str |
     scale/bias: shape ``(C,)`` or None. `algo` forces the forward's algorithm (see
     :func:`norm_algorithms`).
 
-    Fused epilogue (channels-last): ``y = activation(normalised + residual)`` in the same pass,
+    Fused epilogue: ``y = activation(normalised + residual)`` in the same pass,
     as a ResNet block ends (``activation="relu"``, `residual` the shortcut, shaped and typed like
     `x`); its backward masks the gradient inside the batch-norm backward kernels and writes the
     residual's gradient on the way, so neither direction pays a separate pass for the add or
