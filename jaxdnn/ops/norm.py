@@ -16,15 +16,25 @@ cast to that dtype, so float32 parameters keep their precision with 16-bit activ
 
 Primitives (training and inference each a forward, a tangent and a backward)::
 
-    norm_fwd_p(x, scale, bias)                       -> y, mean, var, workspace   [kernel]
+    norm_fwd_p(x, scale, bias, res)                  -> y, mean, var, workspace   [kernel]
         (a two-call algorithm runs it as two kernel calls, statistics and apply; see
         _fwd_lowering)
-    norm_tangent_p(tx, tscale, tbias; x, scale, mean, var) -> ty, tmean, tvar     [jnp]
-    norm_bwd_p(dy, dmean, dvar; x, scale, mean, var) -> dx, dscale, dbias, ws     [kernel]
+    norm_tangent_p(tx, tscale, tbias, tres; x, scale, mean, var, bias, res)
+                                                     -> ty, tmean, tvar           [jnp]
+    norm_bwd_p(dy, dmean, dvar; x, scale, mean, var, bias, res)
+                                                     -> dx, dscale, dbias, dres, ws  [kernel]
         (dmean, dvar: the statistics' cotangents, or empty vectors where they are zero)
-    norm_infer_p(x, scale, bias, mean, var)          -> y                         [kernel]
-    norm_infer_tangent_p(tx, tscale, tbias, tmean, tvar; x, scale, mean, var) -> ty  [jnp]
-    norm_infer_bwd_p(dy; x, scale, mean, var) -> dx, dscale, dbias, dmean, dvar, ws  [kernel]
+    norm_infer_p(x, scale, bias, mean, var, res)     -> y                         [kernel]
+    norm_infer_tangent_p(tx, tscale, tbias, tmean, tvar, tres; x, scale, mean, var, bias, res)
+                                                     -> ty                        [jnp]
+    norm_infer_bwd_p(dy; x, scale, mean, var, bias, res)
+                                     -> dx, dscale, dbias, dmean, dvar, dres, ws  [kernel]
+
+Every primitive carries ``relu`` and a residual operand: the fused epilogue, y = relu(normalised
++ res) (cc/norm/norm.h Epilogue), res an empty vector where there is none. The backwards and
+tangents keep bias and res to recompute the ReLU's mask (empty vectors without relu), and a
+backward's dres is the masked cotangent (empty unless relu with a residual; without relu the
+residual's cotangent is y's, which the transpose rule passes on).
 
 A forward primitive's jvp is its tangent primitive, linear in the tangents and evaluated with
 jnp on the saved statistics (forward mode is XLA's arithmetic). The tangent and backward
