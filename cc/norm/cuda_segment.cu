@@ -211,6 +211,25 @@ __global__ void __launch_bounds__(kThreads) segment_apply_kernel(Fwd<D> f, Segme
   });
 }
 
+// for_chunks over a backward's x and dy (and the epilogue's residual) of segment r, calling
+// f(offset, x values, dy values masked by the epilogue's ReLU; z: the segment's coefficients).
+template <typename D, int VEC, typename F>
+__device__ __forceinline__ void for_masked_chunks(const Bwd<D>& b, int64_t r, int lane, int rt,
+                                                  const SegmentCoefs<A<D>, VEC>& z, F f) {
+  using Acc = A<D>;
+  const int64_t T = b.s.T;
+  const D* const res = b.residual ? b.residual + r * T : nullptr;
+  for_chunks<D, VEC, 2>(b.x + r * T, b.dy + r * T, res, T, lane, rt,
+                        [&](int64_t i, const Acc(&x)[VEC], const Acc(&dy)[VEC],
+                            const Acc(&rv)[VEC]) {
+                          Acc d[VEC];
+#pragma unroll
+                          for (int e = 0; e < VEC; ++e) d[e] = dy[e];
+                          if (b.relu) mask_pack<Acc, VEC>(x, rv, res, z.mu, z.gg, z.bb, d);
+                          f(i, x, d);
+                        });
+}
+
 template <typename D, int VEC>
 __global__ void __launch_bounds__(kThreads) segment_grads_kernel(Bwd<D> b, SegmentGrid g) {
   using Acc = A<D>;
@@ -227,25 +246,20 @@ __global__ void __launch_bounds__(kThreads) segment_grads_kernel(Bwd<D> b, Segme
       const Acc gz = rs * b.scale[pl.affine];
       const Acc gr = b.coef_fn.training ? Acc(0) : gz;
       const SegmentCoefs<Acc, VEC> z(mu, gz, b.relu ? b.bias[pl.affine] : Acc(0));
-      const D* const res = b.residual ? b.residual + r * T : nullptr;
-      for_chunks<D, VEC, 2>(b.x + r * T, b.dy + r * T, res, T, lane, g.rt,
-                            [&](int64_t i, const Acc(&x)[VEC], const Acc(&dy)[VEC],
-                                const Acc(&rv)[VEC]) {
-                              Acc d[VEC], dx[VEC];
+      for_masked_chunks<D, VEC>(b, r, lane, g.rt, z,
+                                [&](int64_t i, const Acc(&x)[VEC], const Acc(&d)[VEC]) {
+                                  Acc dx[VEC];
 #pragma unroll
-                              for (int e = 0; e < VEC; ++e) d[e] = dy[e];
-                              if (b.relu) mask_pack<Acc, VEC>(x, rv, res, z.mu, z.gg, z.bb, d);
-#pragma unroll
-                              for (int e = 0; e < VEC; ++e) {
-                                sdy += d[e];
-                                sdyx += d[e] * (x[e] - mu);
-                                dx[e] = gr * d[e];
-                              }
-                              if (!b.coef_fn.training) {  // inference: dx (and d(residual))
-                                store_vals<D, VEC>(b.dx + r * T + i, dx);
-                                if (b.dres) store_vals<D, VEC>(b.dres + r * T + i, d);
-                              }
-                            });
+                                  for (int e = 0; e < VEC; ++e) {
+                                    sdy += d[e];
+                                    sdyx += d[e] * (x[e] - mu);
+                                    dx[e] = gr * d[e];
+                                  }
+                                  if (!b.coef_fn.training) {  // inference: dx, d(residual)
+                                    store_vals<D, VEC>(b.dx + r * T + i, dx);
+                                    if (b.dres) store_vals<D, VEC>(b.dres + r * T + i, d);
+                                  }
+                                });
     }
     sdy = lane_sum(sdy, scratch, g.rt);
     sdyx = lane_sum(sdyx, scratch, g.rt);
@@ -268,20 +282,15 @@ __global__ void __launch_bounds__(kThreads) segment_dx_kernel(Bwd<D> b, SegmentG
     const Acc mu = b.mean[pl.group], c1 = b.coef[2 * pl.group], c2 = b.coef[2 * pl.group + 1];
     const Acc gr = rstd_of<D>(b.var[pl.group], b.eps) * b.scale[pl.affine];
     const SegmentCoefs<Acc, VEC> z(mu, gr, b.relu ? b.bias[pl.affine] : Acc(0));
-    const D* const res = b.residual ? b.residual + r * T : nullptr;
-    for_chunks<D, VEC, 2>(b.x + r * T, b.dy + r * T, res, T, lane, g.rt,
-                          [&](int64_t i, const Acc(&x)[VEC], const Acc(&dy)[VEC],
-                              const Acc(&rv)[VEC]) {
-                            Acc d[VEC], out[VEC];
+    for_masked_chunks<D, VEC>(b, r, lane, g.rt, z,
+                              [&](int64_t i, const Acc(&x)[VEC], const Acc(&d)[VEC]) {
+                                Acc out[VEC];
 #pragma unroll
-                            for (int e = 0; e < VEC; ++e) d[e] = dy[e];
-                            if (b.relu) mask_pack<Acc, VEC>(x, rv, res, z.mu, z.gg, z.bb, d);
-#pragma unroll
-                            for (int e = 0; e < VEC; ++e)
-                              out[e] = gr * d[e] + (x[e] - mu) * c1 + c2;
-                            store_vals<D, VEC>(b.dx + r * T + i, out);
-                            if (b.dres) store_vals<D, VEC>(b.dres + r * T + i, d);
-                          });
+                                for (int e = 0; e < VEC; ++e)
+                                  out[e] = gr * d[e] + (x[e] - mu) * c1 + c2;
+                                store_vals<D, VEC>(b.dx + r * T + i, out);
+                                if (b.dres) store_vals<D, VEC>(b.dres + r * T + i, d);
+                              });
   });
 }
 
