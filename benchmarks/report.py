@@ -40,8 +40,9 @@ FAMILIES = {
     "conv_tables": ("GPU convolution, the shapes JAX users report as slowest (benchmarks/"
                     "bench_conv_gpu.py --table): geomean ratio over each table's layers",
                     "predates method tags"),
-    "norm_fused": ("Fused batch norm (+ residual, ReLU) on ResNet-50's batch norms, against XLA "
-                   "and jaxdnn's unfused chain", "predates method tags"),
+    "fused": ("Fused ops (benchmarks/bench_fused.py: batch norm + add + ReLU on ResNet-50's "
+              "batch norms, conv + bias + activation + residual on a ConvNeXt stage) against "
+              "XLA and jaxdnn's unfused chain", "predates method tags"),
     "norm": ("Normalization", "backward from each side's own residuals (the flax-style "
              "reference saves three float32 tensors); no fwd+bwd under value_and_grad"),
     "softmax": ("softmax and log_softmax", "backward from each side's own residuals; no "
@@ -53,7 +54,7 @@ FAMILIES = {
     "bandwidth": ("Memory bandwidth ceiling (XLA's -x; a device copy)",
                   "recorded before method tags; the measurement has not changed"),
 }
-ORDER = ["e2e", "conv_tables", "conv_gpu", "conv_cpu", "norm_fused", "norm", "softmax",
+ORDER = ["e2e", "fused", "conv_tables", "conv_gpu", "conv_cpu", "norm", "softmax",
          "activation", "pool", "bandwidth"]
 # Tables kept beside the results only: a training step's GPU time by kernel category
 # (benchmarks/profile_step.py), which complements its family's table rather than summarising,
@@ -70,6 +71,8 @@ def family(benchmark: str) -> str:
     (bench_conv_gpu.py --table) render together as conv_tables."""
     if benchmark.startswith("conv_gpu_"):
         return "conv_tables"
+    if benchmark.endswith("_fused"):  # bench_fused.py: norm_fused, conv_fused
+        return "fused"
     return next((f for f in ORDER if benchmark.startswith(f)), benchmark)
 
 
@@ -195,7 +198,7 @@ def conv_tables_table(items: list[tuple[str, dict, str]]) -> list[str]:
     return table(["device", "table", "dtype"] + dirs, rows)
 
 
-def fused_norm_rows(name: str, data: dict, dtypes: list[str]) -> list[list[str]]:
+def fused_rows(name: str, data: dict, dtypes: list[str]) -> list[list[str]]:
     """Per (baseline, direction): geomean and lowest row per dtype."""
     rows = data["rows"]
     return [[device_label(name, data["environment"]), f"{d} vs {b}"]
@@ -253,7 +256,7 @@ def render(results_dir: str = RESULTS) -> str:
         dtypes = list(dict.fromkeys(r.get("dtype", "float32") for _, data, _ in items
                                     for r in data["rows"]))
         body = []
-        rows_of = {"conv": conv_rows, "norm_fused": fused_norm_rows}.get(fam, memory_rows)
+        rows_of = {"conv": conv_rows, "fused": fused_rows}.get(fam, memory_rows)
         for name, data, _ in items:
             body += rows_of(name, data, dtypes)
         lines += table(["device", "direction"] + dtypes, body) + [""]

@@ -51,7 +51,7 @@ def test_e2e_table(tmp_path):
 
 def test_new_tables(tmp_path):
     """bench_conv_gpu.py --table results render one row per (table, dtype) from their geomean
-    rows; bench_norm_fused.py's per (baseline, direction); neither joins the ResNet-50 or the
+    rows; bench_fused.py's per (family, baseline, direction); neither joins the ResNet-50 or the
     norm table."""
     env = {"date": "2026-01-01", "device": "NVIDIA H200", "platform": "gpu", "jax": "0.11.2",
            "cpu_count": 16, "method": 2}
@@ -67,6 +67,7 @@ def test_new_tables(tmp_path):
     block = subprocess.run([sys.executable, REPORT, "--print", "--results", str(tmp_path)],
                            capture_output=True, text=True, check=True).stdout
     assert "| NVIDIA H200 | grouped | bfloat16 | 2x | 0.5x |" in block
-    assert "| NVIDIA H200 | fwd vs XLA | 1.1x (lowest 1.1x bn+add+relu 64x56x56x256) |" in block
-    assert "| NVIDIA H200 | fwd vs jaxdnn chain | 1.6x" in block
+    assert ("| NVIDIA H200 (norm_fused) | fwd vs XLA | 1.1x (lowest 1.1x bn+add+relu "
+            "64x56x56x256) |") in block
+    assert "| NVIDIA H200 (norm_fused) | fwd vs jaxdnn chain | 1.6x" in block
     assert "**Convolution, ResNet-50" not in block and "**Normalization**" not in block

@@ -1,9 +1,13 @@
 // The fused epilogue's pass on the CPU (epilogue.h): z = y + bias + residual, y = act(z), per
-// chunk of whole rows, one parallel task each, the loop compiled for the widest vector ISA
-// (activation_math.h's formulas on cpu_math, as the activation kernels). Traffic: read y (and
-// the residual), write y (and z).
+// chunk of whole rows, one parallel task each, the loops compiled for the widest vector ISA
+// (activation_math.h's formulas on cpu_math, as the activation kernels). A first version ran
+// one loop per row with the optional terms' branches inside: it did not vectorise, and the
+// 1x1 + bias + GELU layer of bench_fused.py (1x56x56x384 float32, 2-core EPYC) took 7.2 ms
+// against 2.6 for the unfused chain (jaxdnn's vectorised gelu kernel). Traffic: read y (and the
+// residual), write y (and z).
 
 #include <algorithm>
+#include <vector>
 
 #include "cc/activation/activation_math.h"
 #include "cc/activation/cpu_math_policy.h"
@@ -16,24 +20,33 @@ namespace cm = cpu_math;
 
 constexpr int64_t kChunkValues = 65536;  // values per task (256 KiB of float32 per operand)
 
+// Rows [r0, r1): each through a row buffer of K accumulators (buf), one loop per step with the
+// step's branch outside it, so that every loop vectorises (the activation's formulas are
+// branch-free, as in the activation kernels) and z is rounded once.
 template <activation::Op kOp, typename T>
-void epilogue_rows(const Epilogue& e, const EpilogueBuffers& b, int64_t r0, int64_t r1) {
+void epilogue_rows(const Epilogue& e, const EpilogueBuffers& b, int64_t r0, int64_t r1,
+                   acc_t<T>* buf) {
   using A = acc_t<T>;
-  T* y = static_cast<T*>(b.y);
-  T* z = static_cast<T*>(b.z);
   const A* bias = static_cast<const A*>(b.bias);
-  const T* res = static_cast<const T*>(b.residual);
   const A alpha = A(e.alpha);
+  const int64_t K = e.K;
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t base = r * e.K;
-    for (int64_t k = 0; k < e.K; ++k) {
-      A v = cm::load(y[base + k]);
-      if (bias) v += bias[k];
-      if (res) v += cm::load(res[base + k]);
-      if (z) z[base + k] = cm::store<T>(v);
-      if (e.act) v = activation::forward<kOp, activation::CpuMath>(v, alpha);
-      y[base + k] = cm::store<T>(v);
+    T* y = static_cast<T*>(b.y) + r * K;
+    for (int64_t k = 0; k < K; ++k) buf[k] = cm::load(y[k]);
+    if (bias)
+      for (int64_t k = 0; k < K; ++k) buf[k] += bias[k];
+    if (b.residual) {
+      const T* res = static_cast<const T*>(b.residual) + r * K;
+      for (int64_t k = 0; k < K; ++k) buf[k] += cm::load(res[k]);
     }
+    if (b.z) {
+      T* z = static_cast<T*>(b.z) + r * K;
+      for (int64_t k = 0; k < K; ++k) z[k] = cm::store<T>(buf[k]);
+    }
+    if (e.act)
+      for (int64_t k = 0; k < K; ++k) buf[k] = activation::forward<kOp, activation::CpuMath>(
+          buf[k], alpha);
+    for (int64_t k = 0; k < K; ++k) y[k] = cm::store<T>(buf[k]);
   }
 }
 
@@ -49,7 +62,10 @@ Status cpu_epilogue(const Epilogue& e, const EpilogueBuffers& b, const Parallel&
       using T = decltype(tag);
       par.for_each(tasks, [&](int64_t t) {
         const int64_t r0 = t * rows_per_task, r1 = std::min(e.rows, r0 + rows_per_task);
-        cm::with_best_isa([&] { epilogue_rows<decltype(op)::value, T>(e, b, r0, r1); });
+        std::vector<acc_t<T>> buf(size_t(e.K));
+        cm::with_best_isa([&] {
+          epilogue_rows<decltype(op)::value, T>(e, b, r0, r1, buf.data());
+        });
       });
     });
   });
