@@ -37,7 +37,7 @@ import jaxdnn
 from bench_norm import ref_batch_norm
 from common import (BANDWIDTH_COLUMNS, DIRECTIONS_NOTE, FWD, FWD_BWD, add_row_args, compare,
                     default_trials, fwd_bwd, geomeans_note, keep_freed_host_memory,
-                    rotating_inputs, rotation_for, timing_note, write_results)
+                    rotating_inputs, rotation_for, run_cases, timing_note, write_results)
 
 # (H, W, C) of ResNet-50's batch norms: block ends (with the shortcut), then the ReLU-only ones.
 BLOCK_ENDS = [(56, 56, 256), (28, 28, 512), (14, 14, 1024), (7, 7, 2048)]
@@ -172,12 +172,9 @@ def main():
     for family, cases, default_batch in (("norm", norm_cases, 64), ("conv", conv_cases, 128)):
         if family not in args.ops.split(","):
             continue
-        rows = []
-        with jax.default_device(device):
-            for case in cases(args.batch or (2 if cpu else default_batch)):
-                for dt in args.dtypes:
-                    rows += bench_case(case, jnp.dtype(dt), directions, device, trials,
-                                       args.repeats)
+        rows = run_cases(cases(args.batch or (2 if cpu else default_batch)), args.dtypes, device,
+                         lambda case, dt: bench_case(case, dt, directions, device, trials,
+                                                     args.repeats))
         notes = (f"{DIRECTIONS_NOTE} Baselines: XLA (the same math on jax.lax / jax.nn, fused by "
                  "XLA) and jaxdnn's unfused chain (the op, then its epilogue as separate ops); "
                  "their times are in the xla_us / xla_GBps columns. ratio = baseline time / fused "

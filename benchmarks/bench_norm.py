@@ -28,7 +28,7 @@ from jax import lax
 import jaxdnn
 from common import (BANDWIDTH_COLUMNS, DIRECTIONS_NOTE, FWD, FWD_BWD, add_row_args, compare,
                     default_trials, fwd_bwd, geomeans_note, keep_freed_host_memory,
-                    rotating_inputs, rotation_for, timing_note, write_results)
+                    rotating_inputs, rotation_for, run_cases, timing_note, write_results)
 
 EPS = 1e-5
 
@@ -199,14 +199,10 @@ def main():
     ops = set(args.ops.split(",")) if args.ops else None
     directions = set(args.directions.split(","))
     trials = default_trials(args.trials, platform)
-    rows = []
-    with jax.default_device(device):
-        for case in cases(platform, args.rows):
-            if ops and case[0] not in ops:
-                continue
-            for dt in args.dtypes:
-                rows += bench_case(case, jnp.dtype(dt), directions, device, trials,
-                                   args.repeats)
+    rows = run_cases([c for c in cases(platform, args.rows) if not ops or c[0] in ops],
+                     args.dtypes, device,
+                     lambda case, dt: bench_case(case, dt, directions, device, trials,
+                                                 args.repeats))
     notes = (f"{DIRECTIONS_NOTE} Parameters with a gradient: x, scale and bias (also for "
              "batch_norm_inference: a frozen-statistics fine-tune). No backward-only rows: the "
              "two sides' vjps keep different tensors (the flax-style reference saves float32 "

@@ -181,6 +181,17 @@ def rotating_inputs(make: Callable[[Callable], tuple], rotate: int, seed: int = 
     return [tuple(make(normal)) for _ in range(rotate)]
 
 
+def run_cases(cases, dtypes, device, bench: Callable) -> list[dict]:
+    """The rows of bench(case, dtype) for every case and dtype name, with `device` as jax's
+    default device."""
+    rows = []
+    with jax.default_device(device):
+        for case in cases:
+            for dt in dtypes:
+                rows += bench(case, jnp.dtype(dt))
+    return rows
+
+
 def rotation_for(bytes_per_call: int, *, l2_bytes: int = 60 << 20, cap: int = 8) -> int:
     """Enough input sets that together they overflow the L2 cache (at least 2, at most cap)."""
     return int(min(cap, max(2, -(-3 * l2_bytes // max(bytes_per_call, 1)))))
