@@ -36,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import _checks, _ffi, _partition
 from .. import _config as config_lib
+from .activation import _OPS, _SQRT_2_OVER_PI
 from ..selection import core
 
 DIRECTIONS = ("fwd", "bwd_data", "bwd_filter")
@@ -339,8 +340,6 @@ def _gelu_tanh(z):
     return z * jax.nn.sigmoid(u2)
 
 
-_SQRT_2_OVER_PI = float(np.sqrt(2 / np.pi))
-
 # activation= name -> (the kernels' op, alpha, the function it computes: jax.nn's, whose
 # derivative the backward takes)
 EPILOGUE_ACTIVATIONS = {
@@ -370,7 +369,6 @@ def _fused_abstract_eval(x, w, bias, res, *, spec, algo, out_dtype, policy, act,
 def _fused_attrs(platform, ctx, *, act, save_z, **params):
     attrs = _conv_attrs("fwd")(platform, ctx, **params)
     op, alpha, _ = EPILOGUE_ACTIVATIONS[act] if act else (None, 0.0, None)
-    from .activation import _OPS  # (the kernels' activation codes)
     return dict(attrs, act=_OPS.index(op) if op else -1,
                 alpha=np.array([alpha], dtype=np.float64))
 
