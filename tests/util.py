@@ -144,7 +144,9 @@ def rel_l2(out, ref) -> float:
     return float(err / denom) if denom > 0 else float(err)
 
 
-def _rms(a) -> float:
+def rms(a) -> float:
+    """Root mean square of an array (0 for an empty one)."""
+    a = np.asarray(a, np.float64)
     return float(np.sqrt(np.mean(np.square(a)))) if a.size else 0.0
 
 
@@ -193,7 +195,7 @@ def assert_close(out, ref, dtype, *, tol=None, scale=None, k=1, what="", growth=
     if tol is not None:
         t = dataclasses.replace(t, rel_l2=tol)
     if scale is None:
-        scale = _rms(ref[finite])
+        scale = rms(ref[finite])
     scale = np.broadcast_to(np.asarray(scale, np.float64), ref.shape)
     bound = growth * (np.where(finite, t.rtol * np.abs(np.where(finite, ref, 0.0)), 0.0) +
                       scale * (t.atol + t.acc * np.sqrt(k)))
