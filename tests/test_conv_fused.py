@@ -148,7 +148,7 @@ def _away_from_kink(x, w, bias, kw, layout, rng):
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_check_grads(platform):
     """Second order, forward and reverse, in float64: relu (its residual clear of the kink),
-    gelu and silu (through the saved pre-activation), and no activation."""
+    gelu and silu (through the saved convolution result), and no activation."""
     x, w, bias, _, kw, layout = _inputs("nhwc", jnp.float64, seed=3)
     rng = np.random.default_rng(4)
     with jax.default_device(jax.devices("cpu")[0]):

@@ -1,10 +1,10 @@
-// The fused epilogue's pass on the CPU (epilogue.h): z = y + bias + residual, y = act(z), per
-// chunk of whole rows, one parallel task each, the loops compiled for the widest vector ISA
+// The fused epilogue's pass on the CPU (epilogue.h): y = act(c + bias + residual), per chunk of
+// whole rows, one parallel task each, the loops compiled for the widest vector ISA
 // (activation_math.h's formulas on cpu_math, as the activation kernels). A first version ran
 // one loop per row with the optional terms' branches inside: it did not vectorise, and the
 // 1x1 + bias + GELU layer of bench_fused.py (1x56x56x384 float32, 2-core EPYC) took 7.2 ms
-// against 2.6 for the unfused chain (jaxdnn's vectorised gelu kernel). Traffic: read y (and the
-// residual), write y (and z).
+// against 2.6 for the unfused chain (jaxdnn's vectorised gelu kernel). Traffic: read c (in y,
+// or its own buffer) and the residual, write y.
 
 #include <algorithm>
 #include <vector>
@@ -22,7 +22,7 @@ constexpr int64_t kChunkValues = 65536;  // values per task (256 KiB of float32 
 
 // Rows [r0, r1): each through a row buffer of K accumulators (buf), one loop per step with the
 // step's branch outside it, so that every loop vectorises (the activation's formulas are
-// branch-free, as in the activation kernels) and z is rounded once.
+// branch-free, as in the activation kernels) and y is rounded once.
 template <activation::Op kOp, typename T>
 void epilogue_rows(const Epilogue& e, const EpilogueBuffers& b, int64_t r0, int64_t r1,
                    acc_t<T>* buf) {
@@ -32,16 +32,13 @@ void epilogue_rows(const Epilogue& e, const EpilogueBuffers& b, int64_t r0, int6
   const int64_t K = e.K;
   for (int64_t r = r0; r < r1; ++r) {
     T* y = static_cast<T*>(b.y) + r * K;
-    for (int64_t k = 0; k < K; ++k) buf[k] = cm::load(y[k]);
+    const T* c = b.c ? static_cast<const T*>(b.c) + r * K : y;
+    for (int64_t k = 0; k < K; ++k) buf[k] = cm::load(c[k]);
     if (bias)
       for (int64_t k = 0; k < K; ++k) buf[k] += bias[k];
     if (b.residual) {
       const T* res = static_cast<const T*>(b.residual) + r * K;
       for (int64_t k = 0; k < K; ++k) buf[k] += cm::load(res[k]);
-    }
-    if (b.z) {
-      T* z = static_cast<T*>(b.z) + r * K;
-      for (int64_t k = 0; k < K; ++k) z[k] = cm::store<T>(buf[k]);
     }
     if (e.act)
       for (int64_t k = 0; k < K; ++k) buf[k] = activation::forward<kOp, activation::CpuMath>(

@@ -1,11 +1,16 @@
 // The fused epilogue of a forward convolution (jaxdnn.conv(..., bias=, activation=, residual=)):
-//   z = conv(x, w) + bias[k] + residual,   y = act(z)
-// per output element (row m = (n, z, p, q), channel k of K), in the accumulator type (float, or
-// double for float64 results), rounded once to y's dtype; z (the pre-activation, which the
-// backward of an activation other than relu needs) is written too when asked for.
+//   c = conv(x, w),   y = act(c + bias[k] + residual)
+// per output element (row m = (n, z, p, q), channel k of K), c rounded to y's dtype (as the
+// unfused chain rounds the convolution's result), the rest in the accumulator type (float, or
+// double for float64 results), rounded once to y's dtype.
 //
 // It runs as one pass over the convolution's result inside the same call, after any algorithm
-// (cpu_epilogue.cc, cuda_epilogue.cu): read y, bias, the residual, write y (and z). Traffic
+// (cpu_epilogue.cc, cuda_epilogue.cu): the algorithm writes c into y, and the pass reads it,
+// bias and the residual and writes y in place; or, when the backward of the activation needs
+// the pre-activation (every activation but relu), the algorithm writes c into its own output,
+// which the call returns, and the pass reads c and writes y. Keeping c rather than the
+// pre-activation z = c + bias + residual costs the backward a read of the residual (it
+// recomputes z inside the derivative's fusion) and saves the forward a write of z. Traffic
 // against the unfused chain (XLA's bias add, jaxdnn's activation, XLA's residual add): one
 // pass instead of three, each reading and writing y.
 #pragma once
@@ -27,8 +32,8 @@ struct Epilogue {
 };
 
 struct EpilogueBuffers {
-  void* y = nullptr;               // in: the convolution; out: act(z)
-  void* z = nullptr;               // out, or null
+  void* y = nullptr;               // out: act(c + bias + residual); in: c, when c is null
+  const void* c = nullptr;         // the convolution's result when it is not in y, or null
   const void* bias = nullptr;      // (K,) or null
   const void* residual = nullptr;  // like y, or null
 };

@@ -125,11 +125,11 @@ ffi::Error prepare_conv_call(conv::Direction dir, const ffi::AnyBuffer& a, const
   return ffi::Error::Success();
 }
 
-// The fused forward (cc/conv/epilogue.h), jaxdnn_conv_fwd_fused: x, w, bias, residual -> y, z,
+// The fused forward (cc/conv/epilogue.h), jaxdnn_conv_fwd_fused: x, w, bias, residual -> y, c,
 // workspace, with the forward's attributes plus act (int64: an activation.h code, or -1 for
 // none) and alpha (float64[1]). bias is (K,) in the accumulator type (float, or double for a
-// float64 result), residual like y, and z (the pre-activation) like y; each may be empty for
-// none.
+// float64 result), residual like y, and c (the convolution's own result, before the epilogue)
+// like y; each may be empty for none.
 template <typename Binding>
 auto bind_conv_fused(Binding b) {
   return with_conv_attrs(std::move(b).template Arg<ffi::AnyBuffer>()
@@ -146,7 +146,7 @@ auto bind_conv_fused(Binding b) {
 // The epilogue of a fused call, its operands checked against the problem (y: the result).
 inline std::string make_epilogue(const conv::Args& args, const ffi::AnyBuffer& bias,
                                  const ffi::AnyBuffer& residual, ffi::AnyBuffer& y,
-                                 ffi::AnyBuffer& z, int64_t act, ffi::Span<const double> alpha,
+                                 ffi::AnyBuffer& c, int64_t act, ffi::Span<const double> alpha,
                                  conv::Epilogue* e, conv::EpilogueBuffers* b) {
   const conv::Problem& p = args.p;
   if (is_integer(args.out)) return "the fused epilogue takes float results";
@@ -159,10 +159,10 @@ inline std::string make_epilogue(const conv::Args& args, const ffi::AnyBuffer& b
   };
   if (!like(bias, acc, p.K)) return "bias must be empty or (K,) in the accumulator type";
   if (!like(residual, args.out, p.y_elems())) return "residual must be empty or like y";
-  if (!like(z, args.out, p.y_elems())) return "z must be empty or like y";
+  if (!like(c, args.out, p.y_elems())) return "c must be empty or like y";
   *e = {act >= 0, act >= 0 ? activation::Op(act) : activation::Op::kRelu, alpha[0],
         p.N * p.out_spatial(), p.K, args.out};
-  *b = {y.untyped_data(), z.element_count() ? z.untyped_data() : nullptr,
+  *b = {y.untyped_data(), c.element_count() ? c.untyped_data() : nullptr,
         bias.element_count() ? bias.untyped_data() : nullptr,
         residual.element_count() ? residual.untyped_data() : nullptr};
   return {};
@@ -188,10 +188,10 @@ struct ConvHandlers {
     return kRun(*alg, args, conv_buffers(kDir, a, b, *result), *result, *workspace, ctx);
   }
 
-  // The forward, then the epilogue's pass over its result.
+  // The forward into c (or y when c is not asked for), then the epilogue's pass into y.
   static ffi::Error Fused(typename Platform::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer w,
                           ffi::AnyBuffer bias, ffi::AnyBuffer residual,
-                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> z,
+                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> c,
                           ffi::Result<ffi::AnyBuffer> workspace, I64Span stride, I64Span pad_lo,
                           I64Span pad_hi, I64Span lhs_dilation, I64Span rhs_dilation,
                           int64_t groups, bool tf32, std::string_view algo, int64_t act,
@@ -205,9 +205,11 @@ struct ConvHandlers {
     if (e.failure() || y->element_count() == 0) return e;
     conv::Epilogue epi;
     conv::EpilogueBuffers eb;
-    const std::string err = make_epilogue(args, bias, residual, *y, *z, act, alpha, &epi, &eb);
+    const std::string err = make_epilogue(args, bias, residual, *y, *c, act, alpha, &epi, &eb);
     if (!err.empty()) return invalid("jaxdnn conv fwd_fused: " + err);
-    e = kRun(*alg, args, conv_buffers(conv::Direction::kFwd, x, w, *y), *y, *workspace, ctx);
+    ffi::AnyBuffer& conv_out = eb.c ? *c : *y;
+    e = kRun(*alg, args, conv_buffers(conv::Direction::kFwd, x, w, conv_out), conv_out,
+             *workspace, ctx);
     if (e.failure()) return e;
     return to_error(kEpilogue(epi, eb, ctx));
   }

@@ -33,7 +33,7 @@ struct HandlerRegistrar {
 
 }  // namespace jaxdnn::ffi_util
 
-#define JAXDNN_FFI_VERSION 2
+#define JAXDNN_FFI_VERSION 3
 
 #define JAXDNN_STRINGIFY_INNER(x) #x
 #define JAXDNN_STRINGIFY(x) JAXDNN_STRINGIFY_INNER(x)

@@ -321,15 +321,18 @@ for _dir, _prim in _PRIMS.items():
 # The fused forward: y = act(conv(x, w) + bias + residual) (cc/conv/epilogue.h)
 # ----------------------------------------------------------------------------------------------
 #
-#   conv_fused_p(x, w, bias, residual) -> y, z
+#   conv_fused_p(x, w, bias, residual) -> y, c
 #
 # bias is (K,) in the accumulator dtype (float32, float64 for float64 results), residual like y,
-# each an empty vector when absent; z is the pre-activation, written (else empty) when `save_z`:
-# the jvp asks for it when the activation's derivative needs it (every activation but relu,
-# whose mask is y > 0). The jvp is the bilinear convolution's tangent (conv_fwd_p, so reverse
-# mode runs the backward kernels) plus the bias's and residual's, times the activation's
-# derivative at z as jax.nn defines it (jnp: XLA fuses it with the bias gradient's sum). The
-# kernel call runs the chosen forward algorithm, then the epilogue's pass over its result.
+# each an empty vector when absent; c = conv(x, w) is the convolution's own result, written
+# (else empty) when `save_c`: the jvp asks for it when the activation's derivative needs the
+# pre-activation z = c + bias + residual (every activation but relu, whose mask is y > 0), and
+# recomputes z inside the derivative's fusion (a read of the residual there, where saving z
+# would cost the forward a write). The jvp is the bilinear convolution's tangent (conv_fwd_p,
+# so reverse mode runs the backward kernels) plus the bias's and residual's, times the
+# activation's derivative at z as jax.nn defines it (jnp: XLA fuses it with the bias
+# gradient's sum). The kernel call runs the chosen forward algorithm, then the epilogue's pass
+# over its result.
 
 def _gelu_tanh(z):
     """jax.nn.gelu(approximate=True) written as z * sigmoid(2u), u = sqrt(2/pi) (z + 0.044715
@@ -355,7 +358,7 @@ def _acc_dtype(out_dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(out_dtype) == np.float64 else np.dtype(np.float32)
 
 
-def _fused_abstract_eval(x, w, bias, res, *, spec, algo, out_dtype, policy, act, save_z):
+def _fused_abstract_eval(x, w, bias, res, *, spec, algo, out_dtype, policy, act, save_c):
     y = _abstract_eval("fwd", x, w, spec=spec, algo=algo, out_dtype=out_dtype, policy=policy)
     k = spec.rhs_shape[4]
     for name, a, shape, dtype in (("bias", bias, (k,), _acc_dtype(out_dtype)),
@@ -363,10 +366,10 @@ def _fused_abstract_eval(x, w, bias, res, *, spec, algo, out_dtype, policy, act,
         if a.size and (tuple(a.shape) != shape or a.dtype != dtype):
             raise TypeError(f"jaxdnn conv fwd_fused: {name} {a.str_short()} does not match "
                             f"{dtype}{list(shape)}")
-    return [y, ShapedArray(y.shape if save_z else (0,), y.dtype)]
+    return [y, ShapedArray(y.shape if save_c else (0,), y.dtype)]
 
 
-def _fused_attrs(platform, ctx, *, act, save_z, **params):
+def _fused_attrs(platform, ctx, *, act, save_c, **params):
     attrs = _conv_attrs("fwd")(platform, ctx, **params)
     op, alpha, _ = EPILOGUE_ACTIVATIONS[act] if act else (None, 0.0, None)
     return dict(attrs, act=_OPS.index(op) if op else -1,
@@ -386,47 +389,58 @@ def _zero_like(v):
     return ad.Zero(ShapedArray(v.shape, v.dtype).to_tangent_aval())
 
 
-def _fused_jvp(primals, tangents, *, spec, algo, out_dtype, policy, act, save_z):
+def _fused_jvp(primals, tangents, *, spec, algo, out_dtype, policy, act, save_c):
     x, w, bias, res = primals
     tx, tw, tb, tr = tangents
     kw = dict(spec=spec, algo=algo, out_dtype=out_dtype, policy=policy)
-    need_z = save_z or act not in (None, "relu")
-    y, z = conv_fused_p.bind(x, w, bias, res, act=act, save_z=need_z, **kw)
-    terms = []
+    need_c = save_c or act not in (None, "relu")
+    y, c = conv_fused_p.bind(x, w, bias, res, act=act, save_c=need_c, **kw)
+    conv_terms = []
     if type(tx) is not ad.Zero:
-        terms.append(_bind("fwd", tx, w, **kw))
+        conv_terms.append(_bind("fwd", tx, w, **kw))
     if type(tw) is not ad.Zero:
-        terms.append(_bind("fwd", x, tw, **kw))
+        conv_terms.append(_bind("fwd", x, tw, **kw))
+    terms = list(conv_terms)
     if type(tb) is not ad.Zero and bias.size:
         terms.append(jnp.broadcast_to(tb.astype(y.dtype), y.shape))
     if type(tr) is not ad.Zero and res.size:
         terms.append(tr)
-    z_out = z if save_z else _empty(y.dtype)
+    c_out = c if save_c else _empty(y.dtype)
+    tc = sum(conv_terms[1:], conv_terms[0]) if save_c and conv_terms else _zero_like(c_out)
     if not terms:
-        return (y, z_out), (_zero_like(y), _zero_like(z_out))
+        return (y, c_out), (_zero_like(y), tc)
     tz = sum(terms[1:], terms[0])
     if act is None:
         ty = tz
     elif act == "relu":
         ty = jnp.where(y > 0, tz, jnp.zeros_like(tz))
     else:
-        ty = jax.jvp(EPILOGUE_ACTIVATIONS[act][2], (z,), (tz,))[1]
-    return (y, z_out), (ty, tz if save_z else _zero_like(z_out))
+        # z as the kernel forms it: c, then bias and residual in the accumulator dtype
+        acc = bias.dtype if bias.size else _acc_dtype(out_dtype)
+        z = c.astype(acc)
+        if bias.size:
+            z = z + bias
+        if res.size:
+            z = z + res.astype(acc)
+        f = EPILOGUE_ACTIVATIONS[act][2]
+        ty = jax.jvp(f, (z,), (tz.astype(acc),))[1].astype(y.dtype)
+    return (y, c_out), (ty, tc)
 
 
 ad.primitive_jvps[conv_fused_p] = _fused_jvp
 
 
-def _fused_reference(x, w, bias, res, *, spec, algo, out_dtype, policy, act, save_z):
+def _fused_reference(x, w, bias, res, *, spec, algo, out_dtype, policy, act, save_c):
     """The fused forward as the unfused composition (conv_fwd_p, then jnp): the batching rule's
     form where the filter or the bias is mapped (the convolution's own batching folds those)."""
-    z = _bind("fwd", x, w, spec=spec, algo=algo, out_dtype=out_dtype, policy=policy)
+    c = _bind("fwd", x, w, spec=spec, algo=algo, out_dtype=out_dtype, policy=policy)
+    z = c
     if bias.size:
         z = z + bias.astype(z.dtype)
     if res.size:
         z = z + res
     y = EPILOGUE_ACTIVATIONS[act][2](z) if act else z
-    return [y, z if save_z else _empty(z.dtype)]
+    return [y, c if save_c else _empty(c.dtype)]
 
 
 def _fused_batch(args, dims, *, spec, **params):
@@ -443,28 +457,28 @@ def _fused_batch(args, dims, *, spec, **params):
         res = _fold_batch(res)
     n, *rest = spec.lhs_shape
     new = spec.replace(lhs_shape=(size * n, *rest))
-    y, z = conv_fused_p.bind(_fold_batch(x), w, bias, res, spec=new, **params)
+    y, c = conv_fused_p.bind(_fold_batch(x), w, bias, res, spec=new, **params)
     unfold = lambda a: a.reshape(size, n, *a.shape[1:]) if a.size else a  # noqa: E731
-    return [unfold(y), unfold(z)], [0, 0 if z.size else None]
+    return [unfold(y), unfold(c)], [0, 0 if c.size else None]
 
 
 batching.primitive_batchers[conv_fused_p] = _fused_batch
 
 
-def _fused_partition_rule(x, w, bias, res, *, spec, devices, save_z, **params):
+def _fused_partition_rule(x, w, bias, res, *, spec, devices, save_c, **params):
     """The forward's rule with c replicated too (the epilogue is not linear, so the forward's
     sum over input channels cannot be split into partial sums); bias follows k, the residual
-    and z follow y."""
+    and c follow y."""
     rule = _partition_rule("fwd")(x, w, spec=spec, devices=devices, **params)
     (y_dims,) = rule.dims_of(1)
     k_dim = "(" + " ".join(y_dims[-1]) + ")" if len(y_dims[-1]) > 1 else y_dims[-1][0]
     y_spec = rule.spec.split("->")[1].strip()
     bias_spec = k_dim if bias.size else "zb"
     res_spec = y_spec if res.size else "zr"
-    z_spec = y_spec if save_z else "zz"
+    c_spec = y_spec if save_c else "zc"
     operands = rule.spec.split("->")[0].strip()
     return dataclasses.replace(
-        rule, spec=f"{operands}, {bias_spec}, {res_spec} -> {y_spec}, {z_spec}",
+        rule, spec=f"{operands}, {bias_spec}, {res_spec} -> {y_spec}, {c_spec}",
         need_replication=tuple(dict.fromkeys((*rule.need_replication, "c"))), reduction=())
 
 
@@ -734,7 +748,7 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
         y = _bind("fwd", x, w, **kw)
     else:
         bias, res, act = _check_epilogue(epilogue, spec, dnums, out_dtype, result_dtype, names)
-        y, _ = conv_fused_p.bind(x, w, bias, res, act=act, save_z=False, **kw)
+        y, _ = conv_fused_p.bind(x, w, bias, res, act=act, save_c=False, **kw)
     return lax.convert_element_type(finish(y), result_dtype)
 
 
