@@ -228,6 +228,59 @@ def test_conv_transpose_is_the_input_gradient(kw, platform):
     assert_close(y, ref, jnp.float64)
 
 
+# lax-form transposed convolutions (input dilation, window stride 1): (x shape, w shape,
+# keywords of lax.conv_general_dilated), channels-last. The last two keep the forward kernel:
+# padding beyond (F-1) d, and a window stride besides the dilation.
+LAX_TRANSPOSED = [
+    ((2, 5, 4, 6), (4, 4, 6, 3), dict(padding=((2, 2), (2, 2)), lhs_dilation=(2, 2))),
+    ((2, 5, 4, 6), (3, 3, 6, 4), dict(padding=((1, 2), (0, 1)), lhs_dilation=(2, 3))),
+    ((2, 4, 5, 6), (3, 3, 3, 4), dict(padding=((2, 2), (4, 3)), lhs_dilation=(2, 1),
+                                      rhs_dilation=(1, 2), feature_group_count=2)),
+    ((1, 3, 3, 4, 4), (2, 2, 2, 4, 2), dict(padding=((1, 1),) * 3, lhs_dilation=(2, 2, 2))),
+    ((3, 7, 4), (3, 4, 5), dict(padding=((2, 1),), lhs_dilation=(3,))),
+    ((2, 5, 4, 6), (3, 3, 6, 4), dict(padding=((3, 1), (1, 1)), lhs_dilation=(2, 2))),
+    ((2, 5, 4, 6), (3, 3, 6, 4), dict(padding=((1, 1), (1, 1)), lhs_dilation=(2, 2),
+                                      window_strides=(2, 1))),
+]
+
+
+@pytest.mark.parametrize("case", range(len(LAX_TRANSPOSED)))
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_lax_transposed_runs_as_data_gradient(case, platform):
+    """conv_general_dilated with input dilation and window stride 1 (lax.conv_transpose's form,
+    what flax's ConvTranspose calls) runs the strided convolution's data-gradient kernel, its
+    gradients that convolution's forward and filter-gradient kernels; the value and both
+    gradients match lax's in float64. With an algorithm pinned, padding beyond (F-1) d or a
+    window stride, the forward kernel runs the problem as given."""
+    x_shape, w_shape, kw = LAX_TRANSPOSED[case]
+    nd = len(x_shape) - 2
+    kw = dict(kw, window_strides=kw.get("window_strides", (1,) * nd),
+              dimension_numbers=channels_last(nd))
+    rewritten = case < len(LAX_TRANSPOSED) - 2
+    rng = np.random.default_rng(40 + case)
+    x, w = rand(rng, x_shape, jnp.float64), rand(rng, w_shape, jnp.float64)
+    f = partial(jaxdnn.conv_general_dilated, **kw)
+    ref_f = partial(lax.conv_general_dilated, **kw)
+    y_ref, back_ref = jax.vjp(ref_f, x, w)
+    ct = rand(rng, y_ref.shape, jnp.float64)
+    k = int(np.prod(w_shape[:-1]))
+    y, back = jax.vjp(jax.jit(f), *on(platform, x, w))
+    assert_close(y, y_ref, jnp.float64, k=k, what="y")
+    for name, g, r in zip(("dx", "dw"), back(on(platform, ct)), back_ref(ct)):
+        assert_close(g, r, jnp.float64, k=k, what=name)
+    text = jax.jit(f).lower(x, w).as_text()
+    assert ("jaxdnn_conv_bwd_data" in text) == rewritten
+    assert ("jaxdnn_conv_fwd" in text) == (not rewritten)
+    if rewritten:
+        loss = lambda x, w: jnp.sum(f(x, w) * ct)  # noqa: E731
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w).as_text()
+        assert "jaxdnn_conv_fwd" in grad and "jaxdnn_conv_bwd_filter" in grad
+        row, = jaxdnn.explain(jax.jit(f), x, w, platform="cpu")
+        assert row.direction == "bwd_data" and row.problem.spec.lhs_dilation == (1, 1, 1)
+        pinned = jax.jit(partial(f, algo="direct")).lower(x, w).as_text()
+        assert "jaxdnn_conv_fwd" in pinned and "jaxdnn_conv_bwd_data" not in pinned
+
+
 def test_conv_transpose_grad():
     rng = np.random.default_rng(6)
     x, w = rand(rng, (1, 4, 3, 3), jnp.float64), rand(rng, (3, 3, 2, 3), jnp.float64)

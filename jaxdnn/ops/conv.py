@@ -726,6 +726,44 @@ def _canonical_problem(lhs, rhs, dnums, window_strides, padding, lhs_dilation, r
     return x, w, spec, finish
 
 
+def _as_data_gradient(spec: ConvSpec) -> ConvSpec | None:
+    """The strided convolution whose data gradient is `spec`'s forward when `spec` is a
+    transposed convolution in lax's form (input dilation s > 1, window stride 1), else None.
+
+    Along an axis with filter size F, dilation d and padding (lo, hi), the forward is
+    y[o] = sum_f x[(o - lo + f d) / s] w[f] over the f where s divides: the data gradient of the
+    convolution with stride s, padding ((F-1) d - lo, (F-1) d - hi) and the filter flipped, each
+    group's input and output channels swapped (_swap_filter). Run as that, the forward's GEMM
+    reads x itself, not x with s - 1 zeros between its elements (s^nd times fewer multiply-adds
+    for the nd dilated axes), and its gradients are that convolution's forward and filter
+    gradient, zero-free too. Declines padding beyond (F-1) d (the strided form would need
+    negative padding)."""
+    if spec.stride != (1, 1, 1) or spec.lhs_dilation == (1, 1, 1):
+        return None
+    if 0 in (*spec.lhs_shape, *spec.rhs_shape, *spec.out_shape):
+        return None
+    t, r, s, cg, k = spec.rhs_shape
+    pads = []
+    for f, (lo, hi), d in zip((t, r, s), spec.padding, spec.rhs_dilation):
+        span = (f - 1) * d
+        if lo > span or hi > span:
+            return None
+        pads.append((span - lo, span - hi))
+    g = spec.groups
+    strided = ConvSpec(lhs_shape=spec.out_shape, rhs_shape=(t, r, s, k // g, g * cg),
+                       stride=spec.lhs_dilation, padding=tuple(pads), lhs_dilation=(1, 1, 1),
+                       rhs_dilation=spec.rhs_dilation, groups=g, tf32=spec.tf32)
+    return strided if strided.out_shape == spec.lhs_shape else None
+
+
+def _swap_filter(w, groups: int):
+    """The (T, R, S, Cg, K) filter as _as_data_gradient's (T, R, S, Kg, G Cg): flipped in
+    space, each group's input and output channels swapped."""
+    t, r, s, cg, k = w.shape
+    w = w[::-1, ::-1, ::-1].reshape(t, r, s, cg, groups, k // groups)
+    return w.transpose(0, 1, 2, 5, 4, 3).reshape(t, r, s, k // groups, groups * cg)
+
+
 def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilation,
                feature_group_count, batch_group_count, precision, preferred_element_type, algo,
                names: _Names, *, allow_negative_padding: bool, epilogue=None):
@@ -744,7 +782,12 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
     spec = spec.replace(tf32=_allows_tf32(precision, compute))
     kw = dict(spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype,
               policy=config_lib.settings().policy())
-    if epilogue is None:
+    # A transposed convolution runs as a strided one's data gradient, unless an algorithm is
+    # pinned (it names a kernel of the problem as given).
+    strided = _as_data_gradient(spec) if kw["algo"] == (None,) * 3 else None
+    if epilogue is None and strided is not None:
+        y = _bind("bwd_data", x, _swap_filter(w, spec.groups), **dict(kw, spec=strided))
+    elif epilogue is None:
         y = _bind("fwd", x, w, **kw)
     else:
         bias, res, act = _check_epilogue(epilogue, spec, dnums, out_dtype, result_dtype, names)
