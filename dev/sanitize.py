@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -209,14 +210,26 @@ def conv(names=""):
                         run = conv_sel._run_algorithm(info.name, p.direction, p.spec, p.out_dtype)
                         finite(f"conv {name} {p.direction} {info.name} {dt.__name__} "
                                f"{precision}", run(a, b))
-    for dt in DTYPES:  # the fused epilogue's pass (every activation), forward and backward
+    # The fused epilogue, forward and backward: every activation under the chosen algorithm,
+    # and every forward algorithm (the wgmma GEMMs apply it in their stores, the rest in the
+    # pass) with GELU (the call keeps c beside y) and with none (y in place).
+    for dt in DTYPES:
+        x, w = rand((2, 9, 7, 16), dt), rand((3, 3, 16, 24), dt)
+        b, r = rand((24,), jnp.float32), rand((2, 9, 7, 24), dt)
+
+        def fused(x, w, b, r, act, algo=None):
+            return jaxdnn.conv(x, w, padding="SAME", bias=b, activation=act, residual=r,
+                               algo=algo)
+
         for act in conv_ops.EPILOGUE_ACTIVATIONS:
-            x, w = rand((2, 9, 7, 16), dt), rand((3, 3, 16, 24), dt)
-            b, r = rand((24,), jnp.float32), rand((2, 9, 7, 24), dt)
-            fwd_bwd(f"conv fused {act} {dt.__name__}",
-                    lambda x, w, b, r, act=act: jaxdnn.conv(x, w, padding="SAME", bias=b,
-                                                            activation=act, residual=r),
-                    x, w, b, r)
+            fwd_bwd(f"conv fused {act} {dt.__name__}", partial(fused, act=act), x, w, b, r)
+        (p,) = jaxdnn.conv_problems(partial(fused, act=None), x, w, b, r)
+        for info in jaxdnn.conv_algorithms(p, "cuda" if PLATFORM == "gpu" else "cpu"):
+            if not info.supported or (ALGOS and info.base not in ALGOS):
+                continue
+            for act in ("gelu", None):
+                fwd_bwd(f"conv fused {act} {info.name} {dt.__name__}",
+                        partial(fused, act=act, algo={"fwd": info.name}), x, w, b, r)
     for name, xs, ws, kw in grid:  # integer convolutions (int8 -> int32) in every direction
         sds = [jax.ShapeDtypeStruct(s, jnp.int8) for s in (xs, ws)]
         (fwd,) = jaxdnn.conv_problems(lambda x, w, kw=kw: jaxdnn.conv_general_dilated(

@@ -14,7 +14,7 @@ from jax.test_util import check_grads
 
 import jaxdnn
 from jaxdnn.ops.conv import EPILOGUE_ACTIVATIONS
-from util import PLATFORMS, assert_close, on, rand, rms
+from util import PLATFORMS, assert_close, error_growth, on, rand, rms
 
 ACTIVATIONS = sorted(EPILOGUE_ACTIVATIONS)
 
@@ -135,6 +135,57 @@ def test_gradients(case, activation, dtype, platform):
         # d(residual) = ct * act'(z): its own rounding, and z's error through act''
         scale = rms(r) + np.abs(ct) * rms(pre) if name == "dresidual" else None
         assert_close(g, r, dtype, k=k, scale=scale, what=name)
+
+
+# Channels in multiples of 8, so that the tensor-core GEMM algorithms run it: their wgmma
+# kernels apply the epilogue as they store their result; every other algorithm leaves it to the
+# call's pass.
+GEMM_CASE = ((2, 10, 9, 16), (3, 3, 16, 24), dict(padding="SAME"), "NHWC")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
+def test_every_forward_algorithm(dtype, platform):
+    """bias + GELU + residual under each forward algorithm (and variant) that runs the problem,
+    pinned, at the default precision (TF32 for float32 on a GPU, as the GEMMs' wgmma kernels
+    take it): the value, and the gradients, whose GELU derivative needs the convolution's
+    result c, which the call then keeps beside y (an algorithm storing both)."""
+    x_shape, w_shape, kw, layout = GEMM_CASE
+    rng = np.random.default_rng(8)
+    x, w = rand(rng, x_shape, dtype), rand(rng, w_shape, dtype, scale=0.3)
+    y_shape = (*x_shape[:-1], w_shape[-1])
+    bias, res, ct = (rand(rng, (w_shape[-1],), np.float32), rand(rng, y_shape, dtype),
+                     rand(rng, y_shape, dtype))
+    arith = "tf32" if platform == "gpu" and dtype == jnp.float32 else dtype
+    operands, ct_dev = on(platform, x, w, bias, res), on(platform, ct)
+
+    def call(x, w, b, r, name):
+        return jaxdnn.conv(x, w, layout=layout, bias=b, activation="gelu", residual=r,
+                           algo={"fwd": name}, **kw)
+
+    row, = jaxdnn.explain(jax.jit(lambda *a: call(*a, None)), x, w, bias, res,
+                          platform=platform)
+    names = [a.name for a in jaxdnn.conv_algorithms(
+        row.problem, "cuda" if platform == "gpu" else "cpu") if a.supported]
+    assert names
+    f64 = lambda a: jnp.asarray(np.asarray(a, np.float64))  # noqa: E731
+    with jax.default_device(jax.devices("cpu")[0]):
+        args64 = [f64(a) for a in (x, w, bias, res)]
+        pre = twin(*args64, activation=None, layout=layout, **kw)
+        want, back = jax.vjp(lambda *a: twin(*a, activation="gelu", layout=layout, **kw),
+                             *args64)
+        want_grads = back(f64(ct))
+    k_conv = _k(w_shape, layout)
+    n_out = int(np.prod(y_shape[:-1]))
+    for name in names:
+        growth = error_growth(name, arith)
+        y, back = jax.vjp(jax.jit(lambda *a, name=name: call(*a, name)), *operands)
+        assert_close(y, want, arith, k=k_conv, scale=MAX_SLOPE * max(rms(want), rms(pre)),
+                     what=f"{name} y", growth=growth)
+        for g_name, g, r, k in zip(("dx", "dw", "dbias", "dresidual"), back(ct_dev),
+                                   want_grads, (k_conv, n_out, n_out, k_conv)):
+            scale = rms(r) + np.abs(ct) * rms(pre) if g_name == "dresidual" else None
+            assert_close(g, r, arith, k=k, scale=scale, what=f"{name} {g_name}", growth=growth)
 
 
 def _away_from_kink(x, w, bias, kw, layout, rng):

@@ -41,22 +41,19 @@ struct Problem {
   int64_t n;     // elements
 };
 
+// X(op) for every Op, in code order: the one list that the switches over a runtime op
+// (dispatch_op here, forward_op in activation_math.h) expand.
+#define JAXDNN_ACTIVATION_OPS(X) \
+  X(Op::kRelu) X(Op::kRelu6) X(Op::kLeakyRelu) X(Op::kElu) X(Op::kSigmoid) X(Op::kTanh) \
+  X(Op::kGeluTanh) X(Op::kGeluErf) X(Op::kSilu) X(Op::kSoftplus)
+
 // Calls fn(std::integral_constant<Op, op>{}) for a runtime op; false for an unknown code.
 template <typename Fn>
 bool dispatch_op(Op op, Fn&& fn) {
   switch (op) {
 #define JAXDNN_ACT_CASE(o) \
   case o: fn(std::integral_constant<Op, o>{}); return true;
-    JAXDNN_ACT_CASE(Op::kRelu)
-    JAXDNN_ACT_CASE(Op::kRelu6)
-    JAXDNN_ACT_CASE(Op::kLeakyRelu)
-    JAXDNN_ACT_CASE(Op::kElu)
-    JAXDNN_ACT_CASE(Op::kSigmoid)
-    JAXDNN_ACT_CASE(Op::kTanh)
-    JAXDNN_ACT_CASE(Op::kGeluTanh)
-    JAXDNN_ACT_CASE(Op::kGeluErf)
-    JAXDNN_ACT_CASE(Op::kSilu)
-    JAXDNN_ACT_CASE(Op::kSoftplus)
+    JAXDNN_ACTIVATION_OPS(JAXDNN_ACT_CASE)
 #undef JAXDNN_ACT_CASE
   }
   return false;

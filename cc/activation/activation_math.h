@@ -155,6 +155,19 @@ JAXDNN_ACT_FN A forward(A x, A alpha) {
   }
 }
 
+// forward<op> for an op known only at run time, in a kernel that fuses any activation without
+// an instantiation per op (the conv GEMMs' epilogue); x itself for an unknown code.
+template <typename M, typename A>
+JAXDNN_ACT_FN A forward_op(Op op, A x, A alpha) {
+  switch (op) {
+#define JAXDNN_ACT_CASE(o) \
+  case o: return forward<o, M>(x, alpha);
+    JAXDNN_ACTIVATION_OPS(JAXDNN_ACT_CASE)
+#undef JAXDNN_ACT_CASE
+  }
+  return x;
+}
+
 // dy * f'(x).
 template <Op kOp, typename M, typename A>
 JAXDNN_ACT_FN A backward(A x, A dy, A alpha) {

@@ -27,6 +27,7 @@
 #include "cc/common/cpu_isa.h"
 #include "cc/common/dtype.h"
 #include "cc/common/status.h"
+#include "cc/conv/epilogue.h"
 
 #if defined(__CUDACC__)
 #define JAXDNN_HD __host__ __device__ __forceinline__
@@ -170,6 +171,7 @@ struct Args {
   bool tf32 = false;        // float32 operands may be rounded to TF32 (lax's default precision)
   ResultRows rows;          // dense unless set by the strided bwd_data classes
   Variant variant;          // the options of the algorithm's name
+  const FusedEpilogue* epilogue = nullptr;  // the fused forward's (epilogue.h), or null
 };
 
 // Integer inputs run on the direct algorithms alone (exact, wrapping sums): every other

@@ -357,16 +357,50 @@ Status allow_smem(Kernel kernel, int bytes, const char* name) {
 }
 
 // The wgmma kernel of tile C: warp-specialised (WsTile) or not (WgTile).
-template <Mode kMode, typename C, typename AL, typename BL>
+template <Mode kMode, typename C, typename AL, typename BL, bool kFuse>
 constexpr auto wgmma_entry() {
-  if constexpr (C::kWs) return wgmma_ws_kernel<kMode, C, AL, BL>;
-  else return wgmma_kernel<kMode, C, AL, BL>;
+  if constexpr (C::kWs) return wgmma_ws_kernel<kMode, C, AL, BL, kFuse>;
+  else return wgmma_kernel<kMode, C, AL, BL, kFuse>;
+}
+
+// Launches the persistent wgmma kernel (kFuse: its fused-epilogue instantiation): as many CTAs
+// as fit (one wave), each running a strided share of the tiles.
+template <Mode kMode, typename C, typename AL, typename BL, bool kFuse>
+Status launch_wgmma(const typename AL::Params& ap, const typename BL::Params& bp,
+                    const Epilogue& epi, const Shape& s, int64_t tiles, int64_t slices,
+                    const SplitPlan& run, cudaStream_t stream, const char* name) {
+  constexpr auto kernel = wgmma_entry<kMode, C, AL, BL, kFuse>();
+  if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;
+  kernel<<<cuda::resident_grid<kernel, C::kLaunchThreads>(tiles, C::kSmemBytes),
+           C::kLaunchThreads, C::kSmemBytes, stream>>>(ap, bp, epi, int(s.M), int(s.N),
+                                                       int(slices), int(run.per_split),
+                                                       int(run.splits));
+  return Status::Ok();
+}
+
+// Hands the fused forward's epilogue (Args::epilogue) to a wgmma GEMM whose unsplit, dense
+// store writes the call's result itself (in its layout): the kernel applies it on the way out
+// (stage_rows) and the call skips its pass.
+inline bool fuse_epilogue(const Args& a, const void* result, Reduce r, Epilogue* epi) {
+  const FusedEpilogue* f = a.epilogue;
+  if (f == nullptr || a.dir != Direction::kFwd || r != Reduce::kNone || a.rows.mapped() ||
+      result != f->result || f->e.dtype == DType::kF64)
+    return false;
+  epi->y = f->b.y;
+  epi->bias = static_cast<const float*>(f->b.bias);
+  epi->residual = f->b.residual;
+  epi->act = f->e.act ? int(f->e.op) : -1;
+  epi->alpha = float(f->e.alpha);
+  f->applied = true;
+  return true;
 }
 
 // Launches one GEMM with loaders AL, BL and the result path `r`; `ws` is the reduction's
 // workspace (reduce_workspace bytes). `kd` overrides the reduction length (a padded one),
-// `splits` (> 0) split_plan's split count.
-template <Mode kMode, typename C, typename AL, typename BL>
+// `splits` (> 0) split_plan's split count. kFusable: a forward's call site, whose wgmma kernel
+// may take the fused forward's epilogue (fuse_epilogue; only such sites instantiate the
+// kernels that apply it).
+template <Mode kMode, typename C, typename AL, typename BL, bool kFusable = false>
 Status launch(const Args& a, const typename AL::Params& ap, const typename BL::Params& bp,
               void* result, Reduce r, void* ws, cudaStream_t stream, const char* name,
               int64_t kd = -1, int64_t splits = 0) {
@@ -389,15 +423,15 @@ Status launch(const Args& a, const typename AL::Params& ap, const typename BL::P
   if constexpr (C::kWgmma && !kWgmmaOperands<T, AL, BL>) {
     return Status::Error("conv gemm: TF32 on wgmma needs k-major operands");  // see with_tile
   } else if constexpr (C::kWgmma) {
-    // Persistent: as many CTAs as fit (one wave), each running a strided share of the tiles.
-    constexpr auto kernel = wgmma_entry<kMode, C, AL, BL>();
-    if (Status st = allow_smem(kernel, C::kSmemBytes, name); !st.ok()) return st;
     const int64_t tiles = int64_t(tiles_m) * tiles_n * a.p.G * run.splits;
     if (tiles == 0) return Status::Ok();
-    kernel<<<cuda::resident_grid<kernel, C::kLaunchThreads>(tiles, C::kSmemBytes),
-             C::kLaunchThreads, C::kSmemBytes, stream>>>(ap, bp, epi, int(s.M), int(s.N),
-                                                         int(slices), int(run.per_split),
-                                                         int(run.splits));
+    bool fused = false;
+    if constexpr (kFusable) fused = fuse_epilogue(a, result, r, &epi);
+    Status st = fused ? launch_wgmma<kMode, C, AL, BL, kFusable>(ap, bp, epi, s, tiles, slices,
+                                                                 run, stream, name)
+                      : launch_wgmma<kMode, C, AL, BL, false>(ap, bp, epi, s, tiles, slices,
+                                                              run, stream, name);
+    if (!st.ok()) return st;
   } else {
     if (a.rows.mapped())
       return Status::Error("conv gemm: mapped result rows need the wgmma epilogue");

@@ -261,6 +261,14 @@ struct Epilogue {
   int64_t ldo;         // kOut: row stride of the result, in elements
   int groups;
   ResultRows rows;     // kOut: row m goes to row rows.row(m) when mapped (wgmma kernels only)
+  // The fused forward's epilogue (conv/epilogue.h), which the wgmma kernels' dense kOut stores
+  // apply when y is set: y = act(C + bias + residual), C rounded to the result's dtype first,
+  // and C itself to `out` too when out != y (the call keeps it for the backward).
+  void* y = nullptr;
+  const float* bias = nullptr;     // per result column g * N + n, or null
+  const void* residual = nullptr;  // laid out like the result, or null
+  int act = -1;                    // an activation.h code, or -1 for none
+  float alpha = 0;
 };
 
 template <typename T>

@@ -38,6 +38,8 @@
 
 #include <new>
 
+#include "cc/activation/activation_math.h"
+#include "cc/activation/cuda_math_policy.cuh"
 #include "cc/conv/cuda_gemm_core.cuh"
 #include "cc/conv/cuda_tma.cuh"
 
@@ -244,6 +246,52 @@ __device__ __forceinline__ int staging_slot(int next, int wg) {
   return wg == 0 ? last : (last == 0 ? kStages - 1 : last - 1);
 }
 
+// Stores 16 bytes of result row r from column col on: where rows.at(r) points.
+template <typename Rows>
+__device__ __forceinline__ void put_chunk(const Rows& rows, int r, int col, uint4 v) {
+  *reinterpret_cast<uint4*>(rows.at(r) + col) = v;
+}
+
+// Rows r < n of a dense block whose element (r, col) sits at at0 + r * ld + col in y, the
+// residual and out, under the fused forward's epilogue (Epilogue::y): each chunk leaves as
+// act(C + bias + residual), and as C to `out` when the call keeps it (out != y).
+template <typename O>
+struct FusedRows {
+  O* y;
+  O* out;  // or null
+  const float* bias;  // or null
+  const O* residual;  // or null
+  int64_t at0, ld;
+  int n, col0;  // rows; the result column of the block's column 0 (bias index)
+  int act;
+  float alpha;
+  __device__ __forceinline__ bool ok(int r) const { return r < n; }
+};
+
+template <typename O>
+__device__ __forceinline__ void put_chunk(const FusedRows<O>& f, int r, int col, uint4 v) {
+  constexpr int kN = int(sizeof(uint4) / sizeof(O));
+  using M = activation::CudaMath<sizeof(O) == 2>;
+  const int64_t at = f.at0 + r * f.ld + col;
+  if (f.out) *reinterpret_cast<uint4*>(f.out + at) = v;
+  O c[kN], res[kN];
+  memcpy(c, &v, sizeof(v));
+  if (f.residual) {
+    const uint4 rv = *reinterpret_cast<const uint4*>(f.residual + at);
+    memcpy(res, &rv, sizeof(rv));
+  }
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    float z = cuda::to_acc(c[i]);
+    if (f.bias) z += __ldg(f.bias + f.col0 + col + i);
+    if (f.residual) z += cuda::to_acc(res[i]);
+    if (f.act >= 0) z = activation::forward_op<M>(activation::Op(f.act), z, f.alpha);
+    c[i] = cuda::from_acc<O>(z);
+  }
+  memcpy(&v, c, sizeof(v));
+  *reinterpret_cast<uint4*>(f.y + at) = v;
+}
+
 // Epilogue of one warpgroup's 64 x BN accumulators. Stored straight from the fragments, a
 // warp's store would touch 8 rows x 16 bytes; instead the fragments go through shared memory
 // (row-major, 16-byte chunks XOR-swizzled by row: conflict-free) and leave as 16-byte stores
@@ -281,8 +329,8 @@ __device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], unsigned 
   for (int e = t; e < 64 * kCpr; e += 128) {
     const int r = e / kCpr, ch = e % kCpr;
     if (rows.ok(r) && ch * kEpc < cols)
-      *reinterpret_cast<uint4*>(rows.at(r) + ch * kEpc) =
-          *reinterpret_cast<const uint4*>(stg + r * kRowBytes + ((ch ^ (r & 7)) * kChunk));
+      put_chunk(rows, r, ch * kEpc,
+                *reinterpret_cast<const uint4*>(stg + r * kRowBytes + ((ch ^ (r & 7)) * kChunk)));
   }
 }
 
@@ -308,12 +356,32 @@ struct MappedRows {
   __device__ __forceinline__ O* at(int r) const { return out + int64_t(rows.row(m0 + r)) * ld; }
 };
 
-template <typename T, int BN>
+// kFuse: the fused forward's dense store (Epilogue::y set; its own kernel instantiation, so that
+// the epilogue's registers never weigh on the plain kernels), else the store `epi` selects.
+template <typename T, int BN, bool kFuse>
 __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&acc)[BN / 2],
                                            unsigned char* stg, int M, int N, const TileJob& j,
                                            int row0, int wq, int lane, int t, int wg) {
   const int m0 = j.m0 + row0, rows = min(64, M - m0), cols = N - j.n0;
-  if (epi.store == Store::kAtomic) {
+  if constexpr (kFuse) {
+    const int64_t at = int64_t(m0) * epi.ldo + int64_t(j.g) * N + j.n0;
+    const int col0 = j.g * N + j.n0;
+    if (epi.out_f32)
+      stage_rows<float, BN>(acc, stg, wq, lane, t, wg,
+                            FusedRows<float>{static_cast<float*>(epi.y),
+                                             epi.out == epi.y ? nullptr
+                                                              : static_cast<float*>(epi.out),
+                                             epi.bias, static_cast<const float*>(epi.residual),
+                                             at, epi.ldo, rows, col0, epi.act, epi.alpha},
+                            cols);
+    else
+      stage_rows<T, BN>(acc, stg, wq, lane, t, wg,
+                        FusedRows<T>{static_cast<T*>(epi.y),
+                                     epi.out == epi.y ? nullptr : static_cast<T*>(epi.out),
+                                     epi.bias, static_cast<const T*>(epi.residual), at, epi.ldo,
+                                     rows, col0, epi.act, epi.alpha},
+                        cols);
+  } else if (epi.store == Store::kAtomic) {
     // Fragment layout of m64nN: warp wq holds rows 16 wq.. 16 wq + 15; per n8 block i, d[4i],
     // d[4i+1] at (row lane / 4, cols 2 (lane % 4) + {0, 1}), d[4i+2], d[4i+3] 8 rows below.
     const int m = m0 + wq * 16 + (lane >> 2), c = (lane & 3) * 2;
@@ -354,7 +422,7 @@ __device__ __forceinline__ void store_tile(const Epilogue& epi, const float (&ac
 // store_tile over blocks of BC columns (the staging area holds BC columns of the warpgroup's
 // 64 rows): block cb's fragments are acc[cb * BC / 2 ..], by m64nN's layout (n8 block i in
 // acc[4i .. 4i + 3]).
-template <typename T, int BN, int BC>
+template <typename T, int BN, int BC, bool kFuse>
 __device__ __forceinline__ void store_tile_blocks(const Epilogue& epi, const float (&acc)[BN / 2],
                                                   unsigned char* stg, int M, int N, TileJob j,
                                                   int row0, int wq, int lane, int t, int wg) {
@@ -362,7 +430,7 @@ __device__ __forceinline__ void store_tile_blocks(const Epilogue& epi, const flo
   for (int cb = 0; cb < BN / BC; ++cb) {
     if (cb > 0)  // the previous block's staged rows have been read back
       asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-    store_tile<T, BC>(epi, *reinterpret_cast<const float(*)[BC / 2]>(&acc[cb * (BC / 2)]), stg,
+    store_tile<T, BC, kFuse>(epi, *reinterpret_cast<const float(*)[BC / 2]>(&acc[cb * (BC / 2)]), stg,
                       M, N, j, row0, wq, lane, t, wg);
     j.n0 += BC;
   }
@@ -398,7 +466,7 @@ __device__ __forceinline__ void load_slice(AL& a, BL& b, uint32_t at, uint32_t b
 
 // Loader contract as gemm_kernel (cuda_gemm_core.cuh); `splits` ranges of `per_split` slices
 // per group.
-template <Mode kMode, typename C, typename ALoader, typename BLoader>
+template <Mode kMode, typename C, typename ALoader, typename BLoader, bool kFuse>
 __global__ void __launch_bounds__(C::kThreads, 2)
 wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
              const __grid_constant__ typename BLoader::Params bp, Epilogue epi, int M, int N,
@@ -484,7 +552,7 @@ wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
     __syncthreads();  // every warpgroup's last wgmmas retired
     const int stage = staging_slot<C::kStages>(slot, wg);
     unsigned char* stg = smem + (a_tile(stage) - smem_addr(smem));
-    store_tile<T, C::BN>(epi, acc, stg, M, N, j, wg * 64, wq, lane, tid & 127, wg);
+    store_tile<T, C::BN, kFuse>(epi, acc, stg, M, N, j, wg * 64, wq, lane, tid & 127, wg);
   }
   cp_async_wait<0>();
 #endif
@@ -505,7 +573,7 @@ wgmma_kernel(const __grid_constant__ typename ALoader::Params ap,
 //     per warp on empty[slot]); after a tile, drain and store through their own staging rows.
 // So the loads of later slices (and tiles) run while the consumers issue nothing but wgmmas
 // and barrier waits, and a tile's epilogue overlaps the next tile's loads.
-template <Mode kMode, typename C, typename ALoader, typename BLoader>
+template <Mode kMode, typename C, typename ALoader, typename BLoader, bool kFuse>
 __global__ void __launch_bounds__(C::kLaunchThreads, 1)
 wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
                 const __grid_constant__ typename BLoader::Params bp, Epilogue epi, int M, int N,
@@ -594,7 +662,7 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
       }
       wgmma_wait<0>();
       if (j.nk > 0 && lane == 0) mbar_arrive(empty_bar((q - 1) % S));
-      store_tile_blocks<T, C::BN, C::kStageCols>(epi, acc, stg, M, N, j, cw * 64, wq, lane, ct,
+      store_tile_blocks<T, C::BN, C::kStageCols, kFuse>(epi, acc, stg, M, N, j, cw * 64, wq, lane, ct,
                                                  cw);
       // The staging rows are read back by other threads of the warpgroup: all done before the
       // next tile's fragments overwrite them.

@@ -191,8 +191,8 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
         using AL = PlainK<T, C::BM, C::kThreads>;
         using BL = PlainMn<T, C::BN, C::kThreads>;
         const typename BL::Params bp{w, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
-        return launch<kMode, C, AL, BL>(a, pmat, bp, b.result, Reduce::kNone, nullptr, stream,
-                                        "conv im2col_gemm fwd gemm_kernel", pm.ld);
+        return launch<kMode, C, AL, BL, true>(a, pmat, bp, b.result, Reduce::kNone, nullptr,
+                                              stream, "conv im2col_gemm fwd gemm_kernel", pm.ld);
       }
       case Direction::kBwdFilter: {
         // A = patches^T: mn-major over the patch matrix, whose rows are the reduction.

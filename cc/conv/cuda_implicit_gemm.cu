@@ -310,14 +310,14 @@ Status run_mode(const Args& a, const Buffers& b, Reduce r, void* ws, const void*
             using BL = PlainK<T, C::BN, C::kThreads>;
             const MatrixParams<T> bp{static_cast<const T*>(wt), s.Kd, int(s.N), int(s.Kd),
                                      s.N * s.Kd};
-            return launch<kMode, C, AL, BL>(a, ap, bp, b.result, r, ws, stream,
-                                            "conv implicit_gemm fwd gemm_kernel");
+            return launch<kMode, C, AL, BL, true>(a, ap, bp, b.result, r, ws, stream,
+                                                  "conv implicit_gemm fwd gemm_kernel");
           }
         }
         using BL = PlainMn<T, C::BN, C::kThreads>;
         const typename BL::Params bp{w, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
-        return launch<kMode, C, AL, BL>(a, ap, bp, b.result, r, ws, stream,
-                                        "conv implicit_gemm fwd gemm_kernel");
+        return launch<kMode, C, AL, BL, true>(a, ap, bp, b.result, r, ws, stream,
+                                              "conv implicit_gemm fwd gemm_kernel");
       }
       case Direction::kBwdData: {
         using AL = ActRows<T, Direction::kBwdData, C::BM, C::kThreads>;

@@ -123,8 +123,8 @@ bool tma_b(const Args& a) {
 }
 
 // Launches the GEMM with A loader AL and B = the row-major matrix `bm` (mn-major), through TMA
-// when the tile is a wgmma one and tma_b allows it.
-template <Mode kMode, typename C, typename AL>
+// when the tile is a wgmma one and tma_b allows it; kFusable as launch's.
+template <Mode kMode, typename C, typename AL, bool kFusable = false>
 Status launch_mn_b(const Args& a, const typename AL::Params& ap,
                    const MatrixParams<typename ModeTraits<kMode>::T>& bm, int64_t total_cols,
                    void* result, Reduce r, void* ws, cudaStream_t stream, const char* name,
@@ -139,14 +139,16 @@ Status launch_mn_b(const Args& a, const typename AL::Params& ap,
           !st.ok())
         return st;
       bp.group_cols = int(bm.group_stride);
-      return launch<kMode, C, AL, BL>(a, ap, bp, result, r, ws, stream, name, -1, splits);
+      return launch<kMode, C, AL, BL, kFusable>(a, ap, bp, result, r, ws, stream, name, -1,
+                                                splits);
     }
   }
   if constexpr (AL::kTma) {
     return Status::Error("conv implicit_precomp_gemm: a TMA A needs a TMA B");  // im2col_tma
   } else {
-    return launch<kMode, C, AL, PlainMn<T, C::BN, C::kThreads>>(a, ap, bm, result, r, ws,
-                                                                 stream, name, -1, splits);
+    using BL = PlainMn<T, C::BN, C::kThreads>;
+    return launch<kMode, C, AL, BL, kFusable>(a, ap, bm, result, r, ws, stream, name, -1,
+                                              splits);
   }
 }
 
@@ -314,8 +316,8 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
           if (!bwd) {  // B = w, mn-major (TmaMn)
             const MatrixParams<T> bp{static_cast<const T*>(b.w), p.K, int(s.Kd), int(s.N),
                                      p.Kg()};
-            return launch_mn_b<kMode, C, AL>(a, ap, bp, p.K, b.result, r, partials, stream,
-                                             name, splits);
+            return launch_mn_b<kMode, C, AL, true>(a, ap, bp, p.K, b.result, r, partials,
+                                                   stream, name, splits);
           }
         }
         TmaKRowsParams bp;
@@ -328,7 +330,7 @@ Status run_im2col_tma(const Args& a, const Buffers& b, void* ws, cudaStream_t st
           if (Status st = bp.encode(static_cast<const T*>(wt), p.K, s.Kd, C::BN); !st.ok())
             return st;
         }
-        return launch<kMode, C, AL, TmaKRows<T, C::BN, C::kThreads>>(
+        return launch<kMode, C, AL, TmaKRows<T, C::BN, C::kThreads>, true>(
             a, ap, bp, b.result, r, partials, stream, name, -1, splits);
       }
     }, p.G == 1 && wide_plan_of(a).wide);
@@ -374,12 +376,14 @@ Status run_mode(const Args& a, const Buffers& b, void* ws, cudaStream_t stream) 
         if constexpr (kTf32) {
           using BL = PlainK<T, C::BN, C::kThreads>;
           const MatrixParams<T> bp{wt, s.Kd, int(s.N), int(s.Kd), s.N * s.Kd};
-          return launch<kMode, C, Rows, BL>(a, ap, bp, b.result, Reduce::kNone, nullptr, stream,
-                                            "conv implicit_precomp_gemm fwd gemm_kernel");
+          return launch<kMode, C, Rows, BL, true>(a, ap, bp, b.result, Reduce::kNone, nullptr,
+                                                  stream,
+                                                  "conv implicit_precomp_gemm fwd gemm_kernel");
         } else {
           const MatrixParams<T> bp{w, a.p.K, int(s.Kd), int(s.N), a.p.Kg()};
-          return launch_mn_b<kMode, C, Rows>(a, ap, bp, a.p.K, b.result, Reduce::kNone, nullptr,
-                                             stream, "conv implicit_precomp_gemm fwd gemm_kernel");
+          return launch_mn_b<kMode, C, Rows, true>(
+              a, ap, bp, a.p.K, b.result, Reduce::kNone, nullptr, stream,
+              "conv implicit_precomp_gemm fwd gemm_kernel");
         }
       }
       case Direction::kBwdData: {

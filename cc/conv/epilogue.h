@@ -4,7 +4,8 @@
 // unfused chain rounds the convolution's result), the rest in the accumulator type (float, or
 // double for float64 results), rounded once to y's dtype.
 //
-// It runs as one pass over the convolution's result inside the same call, after any algorithm
+// The wgmma GEMM kernels apply it as they store their result (FusedEpilogue below); after any
+// other algorithm it runs as one pass over the convolution's result inside the same call
 // (cpu_epilogue.cc, cuda_epilogue.cu): the algorithm writes c into y, and the pass reads it,
 // bias and the residual and writes y in place; or, when the backward of the activation needs
 // the pre-activation (every activation but relu), the algorithm writes c into its own output,
@@ -36,6 +37,18 @@ struct EpilogueBuffers {
   const void* c = nullptr;         // the convolution's result when it is not in y, or null
   const void* bias = nullptr;      // (K,) or null
   const void* residual = nullptr;  // like y, or null
+};
+
+// The epilogue as a forward algorithm sees it (Args::epilogue). An algorithm whose kernels
+// apply it on their way out (the wgmma GEMMs' dense stores: cuda_gemm_wgmma.cuh) sets
+// `applied`; otherwise the call runs the pass after it. `result` is where the algorithm's own
+// result goes (c when the call keeps it, else y): only a kernel that stores straight into it,
+// in its layout, may apply the epilogue.
+struct FusedEpilogue {
+  Epilogue e;
+  EpilogueBuffers b;
+  const void* result = nullptr;
+  mutable bool applied = false;
 };
 
 // The passes: cpu_epilogue (cpu_algorithms.h) and cuda_epilogue (cuda_algorithms.h).

@@ -188,7 +188,8 @@ struct ConvHandlers {
     return kRun(*alg, args, conv_buffers(kDir, a, b, *result), *result, *workspace, ctx);
   }
 
-  // The forward into c (or y when c is not asked for), then the epilogue's pass into y.
+  // The forward into c (or y when c is not asked for), then the epilogue's pass into y unless
+  // the algorithm's kernels applied it as they stored (conv::FusedEpilogue).
   static ffi::Error Fused(typename Platform::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer w,
                           ffi::AnyBuffer bias, ffi::AnyBuffer residual,
                           ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> c,
@@ -208,9 +209,11 @@ struct ConvHandlers {
     const std::string err = make_epilogue(args, bias, residual, *y, *c, act, alpha, &epi, &eb);
     if (!err.empty()) return invalid("jaxdnn conv fwd_fused: " + err);
     ffi::AnyBuffer& conv_out = eb.c ? *c : *y;
+    const conv::FusedEpilogue fused{epi, eb, conv_out.untyped_data()};
+    args.epilogue = &fused;
     e = kRun(*alg, args, conv_buffers(conv::Direction::kFwd, x, w, conv_out), conv_out,
              *workspace, ctx);
-    if (e.failure()) return e;
+    if (e.failure() || fused.applied) return e;
     return to_error(kEpilogue(epi, eb, ctx));
   }
 

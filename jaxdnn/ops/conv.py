@@ -400,13 +400,17 @@ def _fused_jvp(primals, tangents, *, spec, algo, out_dtype, policy, act, save_c)
         conv_terms.append(_bind("fwd", tx, w, **kw))
     if type(tw) is not ad.Zero:
         conv_terms.append(_bind("fwd", x, tw, **kw))
-    terms = list(conv_terms)
-    if type(tb) is not ad.Zero and bias.size:
-        terms.append(jnp.broadcast_to(tb.astype(y.dtype), y.shape))
-    if type(tr) is not ad.Zero and res.size:
-        terms.append(tr)
     c_out = c if save_c else _empty(y.dtype)
     tc = sum(conv_terms[1:], conv_terms[0]) if save_c and conv_terms else _zero_like(c_out)
+    # The tangent of z = c + bias + residual, and the activation's derivative, in the
+    # accumulator dtype as the kernel computes z (so that the bias gradient, its transpose's
+    # sum over every output position, accumulates in float32 for 16-bit results too).
+    acc = _acc_dtype(out_dtype)
+    terms = [t.astype(acc) for t in conv_terms]
+    if type(tb) is not ad.Zero and bias.size:
+        terms.append(jnp.broadcast_to(tb, y.shape))
+    if type(tr) is not ad.Zero and res.size:
+        terms.append(tr.astype(acc))
     if not terms:
         return (y, c_out), (_zero_like(y), tc)
     tz = sum(terms[1:], terms[0])
@@ -415,16 +419,13 @@ def _fused_jvp(primals, tangents, *, spec, algo, out_dtype, policy, act, save_c)
     elif act == "relu":
         ty = jnp.where(y > 0, tz, jnp.zeros_like(tz))
     else:
-        # z as the kernel forms it: c, then bias and residual in the accumulator dtype
-        acc = bias.dtype if bias.size else _acc_dtype(out_dtype)
         z = c.astype(acc)
         if bias.size:
             z = z + bias
         if res.size:
             z = z + res.astype(acc)
-        f = EPILOGUE_ACTIVATIONS[act][2]
-        ty = jax.jvp(f, (z,), (tz.astype(acc),))[1].astype(y.dtype)
-    return (y, c_out), (ty, tc)
+        ty = jax.jvp(EPILOGUE_ACTIVATIONS[act][2], (z,), (tz,))[1]
+    return (y, c_out), (ty.astype(y.dtype), tc)
 
 
 ad.primitive_jvps[conv_fused_p] = _fused_jvp
