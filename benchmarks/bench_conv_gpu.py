@@ -58,13 +58,27 @@ def parse_dtype(dtype_name):
     return jnp.dtype(dtype), precision or None
 
 
+def kernel_directions(layer, dtype_name) -> dict:
+    """{layer direction: the direction of the kernel that computes it}: the same, except for a
+    transposed convolution written lax's way, which runs as a strided convolution's data
+    gradient (its forward on the bwd_data kernel, its input gradient on the forward kernel)."""
+    dtype, precision = parse_dtype(dtype_name)
+    args = [jax.ShapeDtypeStruct(s, dtype) for s in layer_shapes(layer)]
+    (fwd,) = jaxdnn.conv_problems(conv_direction_fn(conv_fns(layer, None, precision)[0], "fwd"),
+                                  *args)
+    swap = fwd.direction == "bwd_data"
+    return {"fwd": fwd.direction, "bwd_data": "fwd" if swap else "bwd_data",
+            "bwd_filter": "bwd_filter"}
+
+
 def heuristic_algos(layer, dtype_name, platform):
     """{direction: algorithm} that jaxdnn runs on `platform` for a layer: jaxdnn.explain of the
     jitted train step (every kernel direction) on shapes alone."""
     dtype, precision = parse_dtype(dtype_name)
     args = [jax.ShapeDtypeStruct(s, dtype) for s in layer_shapes(layer)]
     step = jax.jit(conv_direction_fn(conv_fns(layer, None, precision)[0], "train"))
-    return {e.direction: e.algo for e in jaxdnn.explain(step, *args, platform=platform)}
+    ran = {e.direction: e.algo for e in jaxdnn.explain(step, *args, platform=platform)}
+    return {d: ran[k] for d, k in kernel_directions(layer, dtype_name).items()}
 
 
 def bench_layer(layer, dtype_name, directions, repeats, trials, all_algos):
@@ -99,7 +113,8 @@ def time_algorithms(layer, dtype_name, direction, inputs, repeats):
     dtype, precision = parse_dtype(dtype_name)
     args = [jax.ShapeDtypeStruct(s, dtype) for s in layer_shapes(layer)]
     fn = conv_direction_fn(conv_fns(layer, None, precision)[0], direction)
-    (problem,) = [p for p in jaxdnn.conv_problems(fn, *args) if p.direction == direction]
+    kernel = kernel_directions(layer, dtype_name)[direction]
+    (problem,) = [p for p in jaxdnn.conv_problems(fn, *args) if p.direction == kernel]
     infos = [a for a in jaxdnn.conv_algorithms(problem, variants=False) if a.supported]
     out = {}
     for info in infos:

@@ -250,8 +250,9 @@ def test_lax_transposed_runs_as_data_gradient(case, platform):
     """conv_general_dilated with input dilation and window stride 1 (lax.conv_transpose's form,
     what flax's ConvTranspose calls) runs the strided convolution's data-gradient kernel, its
     gradients that convolution's forward and filter-gradient kernels; the value and both
-    gradients match lax's in float64. With an algorithm pinned, padding beyond (F-1) d or a
-    window stride, the forward kernel runs the problem as given."""
+    gradients match lax's in float64; a pinned algorithm names the kernel by what it computes.
+    With padding beyond (F-1) d or a window stride, the forward kernel runs the problem as
+    given."""
     x_shape, w_shape, kw = LAX_TRANSPOSED[case]
     nd = len(x_shape) - 2
     kw = dict(kw, window_strides=kw.get("window_strides", (1,) * nd),
@@ -277,8 +278,13 @@ def test_lax_transposed_runs_as_data_gradient(case, platform):
         assert "jaxdnn_conv_fwd" in grad and "jaxdnn_conv_bwd_filter" in grad
         row, = jaxdnn.explain(jax.jit(f), x, w, platform="cpu")
         assert row.direction == "bwd_data" and row.problem.spec.lhs_dilation == (1, 1, 1)
-        pinned = jax.jit(partial(f, algo="direct")).lower(x, w).as_text()
-        assert "jaxdnn_conv_fwd" in pinned and "jaxdnn_conv_bwd_data" not in pinned
+        pinned = partial(f, algo={"fwd": "direct", "bwd_data": "im2col_gemm"})
+        row, = jaxdnn.explain(jax.jit(pinned), x, w, platform="cpu")
+        assert row.direction == "bwd_data" and row.algo == "direct"
+        rows = jaxdnn.explain(jax.jit(jax.grad(lambda x, w: jnp.sum(pinned(x, w) * ct))), x, w,
+                              platform="cpu")
+        assert {(e.direction, e.algo.split(".")[0]) for e in rows} >= {("fwd", "im2col_gemm")}
+        assert_close(jax.jit(pinned)(x, w), y_ref, jnp.float64, k=k, what="pinned y")
 
 
 def test_conv_transpose_grad():

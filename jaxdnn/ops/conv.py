@@ -783,11 +783,14 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
     spec = spec.replace(tf32=_allows_tf32(precision, compute))
     kw = dict(spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype,
               policy=config_lib.settings().policy())
-    # A transposed convolution runs as a strided one's data gradient, unless an algorithm is
-    # pinned (it names a kernel of the problem as given).
-    strided = _as_data_gradient(spec) if kw["algo"] == (None,) * 3 else None
+    # A transposed convolution runs as a strided one's data gradient; a pinned algorithm names
+    # the kernel by what it computes (`fwd` this forward, which the strided convolution's
+    # bwd_data kernel runs; `bwd_data` the input gradient, its forward kernel).
+    strided = _as_data_gradient(spec)
     if epilogue is None and strided is not None:
-        y = _bind("bwd_data", x, _swap_filter(w, spec.groups), **dict(kw, spec=strided))
+        fwd, bwd_data, bwd_filter = kw["algo"]
+        y = _bind("bwd_data", x, _swap_filter(w, spec.groups),
+                  **dict(kw, spec=strided, algo=(bwd_data, fwd, bwd_filter)))
     elif epilogue is None:
         y = _bind("fwd", x, w, **kw)
     else:
