@@ -430,8 +430,9 @@ __device__ __forceinline__ void store_tile_blocks(const Epilogue& epi, const flo
   for (int cb = 0; cb < BN / BC; ++cb) {
     if (cb > 0)  // the previous block's staged rows have been read back
       asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-    store_tile<T, BC, kFuse>(epi, *reinterpret_cast<const float(*)[BC / 2]>(&acc[cb * (BC / 2)]), stg,
-                      M, N, j, row0, wq, lane, t, wg);
+    store_tile<T, BC, kFuse>(epi,
+                             *reinterpret_cast<const float(*)[BC / 2]>(&acc[cb * (BC / 2)]),
+                             stg, M, N, j, row0, wq, lane, t, wg);
     j.n0 += BC;
   }
 }
@@ -662,8 +663,8 @@ wgmma_ws_kernel(const __grid_constant__ typename ALoader::Params ap,
       }
       wgmma_wait<0>();
       if (j.nk > 0 && lane == 0) mbar_arrive(empty_bar((q - 1) % S));
-      store_tile_blocks<T, C::BN, C::kStageCols, kFuse>(epi, acc, stg, M, N, j, cw * 64, wq, lane, ct,
-                                                 cw);
+      store_tile_blocks<T, C::BN, C::kStageCols, kFuse>(epi, acc, stg, M, N, j, cw * 64, wq,
+                                                        lane, ct, cw);
       // The staging rows are read back by other threads of the warpgroup: all done before the
       // next tile's fragments overwrite them.
       asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
