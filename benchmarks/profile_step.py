@@ -3,6 +3,7 @@ jaxdnn and on jax.lax / jax.nn, traced with jax.profiler, its kernels summed by 
 
     PYTHONPATH=. python benchmarks/profile_step.py               # ResNet-50, bfloat16, batch 256
     PYTHONPATH=. python benchmarks/profile_step.py --model convnext --dtype float32 --batch 128
+    PYTHONPATH=. python benchmarks/profile_step.py --unfused     # jaxdnn without the fused ops too
 
 Each side compiles and takes WARMUP steps, then --steps steps run inside
 jax.profiler.trace(dir, create_perfetto_trace=True). The kernels are the complete events of the
@@ -136,14 +137,18 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=5, help="traced steps per side")
     parser.add_argument("--top", type=int, default=8, help="largest kernels listed per side")
+    parser.add_argument("--unfused", action="store_true",
+                        help="also profile jaxdnn without its fused ops (bench_e2e.py --unfused):"
+                             " the breakdown before fusion beside the one after")
     parser.add_argument("--out-dir", default=None,
                         help="where the table goes (default: benchmarks/results)")
     args = parser.parse_args(argv)
     if jax.default_backend() != "gpu":
         raise SystemExit("profile_step.py needs a GPU (its breakdown is of GPU kernels)")
-    both, (x, y) = sides(args.model, args.dtype, args.batch)
+    all_sides, (x, y) = sides(args.model, args.dtype, args.batch, unfused=args.unfused)
+    keys = ("lax", "jaxdnn", "unfused")[:len(all_sides)]
     parts, tops = {}, {}
-    for key, side in zip(("lax", "jaxdnn"), both):
+    for key, side in zip(keys, all_sides):
         side.steps(WARMUP, x, y)
         trace = traced_steps(side, args.steps, x, y)
         parts[key] = breakdown(trace, args.steps)
@@ -155,8 +160,10 @@ def main(argv=None):
     notes = (f"{args.model}, {args.dtype}, batch {args.batch}: GPU kernel time per training step "
              f"(benchmarks/profile_step.py; bench_e2e.py's step), mean of {args.steps} traced "
              f"steps after {WARMUP}, by kernel name (profile_step.CATEGORIES); kernels = "
-             f"launches per step. {largest}")
-    columns = ["category", "lax_ms", "jaxdnn_ms", "lax_kernels", "jaxdnn_kernels"]
+             f"launches per step"
+             + ("; unfused = jaxdnn without its fused ops (bench_e2e.py --unfused). "
+                if args.unfused else ". ") + largest)
+    columns = ["category", *(f"{k}_ms" for k in keys), *(f"{k}_kernels" for k in keys)]
     write_results("e2e_profile", rows_of(parts), columns, notes=notes, out_dir=args.out_dir)
 
 
