@@ -149,7 +149,8 @@ def test_every_forward_algorithm(dtype, platform):
     """bias + GELU + residual under each forward algorithm (and variant) that runs the problem,
     pinned, at the default precision (TF32 for float32 on a GPU, as the GEMMs' wgmma kernels
     take it): the value, and the gradients, whose GELU derivative needs the convolution's
-    result c, which the call then keeps beside y (an algorithm storing both)."""
+    result c, which the call then keeps beside y (an algorithm storing both); and the value
+    with ReLU, whose backward needs no c (y written in place)."""
     x_shape, w_shape, kw, layout = GEMM_CASE
     rng = np.random.default_rng(8)
     x, w = rand(rng, x_shape, dtype), rand(rng, w_shape, dtype, scale=0.3)
@@ -159,8 +160,8 @@ def test_every_forward_algorithm(dtype, platform):
     arith = "tf32" if platform == "gpu" and dtype == jnp.float32 else dtype
     operands, ct_dev = on(platform, x, w, bias, res), on(platform, ct)
 
-    def call(x, w, b, r, name):
-        return jaxdnn.conv(x, w, layout=layout, bias=b, activation="gelu", residual=r,
+    def call(x, w, b, r, name, activation="gelu"):
+        return jaxdnn.conv(x, w, layout=layout, bias=b, activation=activation, residual=r,
                            algo={"fwd": name}, **kw)
 
     row, = jaxdnn.explain(jax.jit(lambda *a: call(*a, None)), x, w, bias, res,
@@ -175,6 +176,7 @@ def test_every_forward_algorithm(dtype, platform):
         want, back = jax.vjp(lambda *a: twin(*a, activation="gelu", layout=layout, **kw),
                              *args64)
         want_grads = back(f64(ct))
+        want_relu = twin(*args64, activation="relu", layout=layout, **kw)
     k_conv = _k(w_shape, layout)
     n_out = int(np.prod(y_shape[:-1]))
     for name in names:
@@ -186,6 +188,9 @@ def test_every_forward_algorithm(dtype, platform):
                                    want_grads, (k_conv, n_out, n_out, k_conv)):
             scale = rms(r) + np.abs(ct) * rms(pre) if g_name == "dresidual" else None
             assert_close(g, r, arith, k=k, scale=scale, what=f"{name} {g_name}", growth=growth)
+        y = jax.jit(lambda *a, name=name: call(*a, name, "relu"))(*operands)
+        assert_close(y, want_relu, arith, k=k_conv, scale=rms(pre), what=f"{name} relu y",
+                     growth=growth)
 
 
 def _away_from_kink(x, w, bias, kw, layout, rng):
