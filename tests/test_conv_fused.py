@@ -127,14 +127,21 @@ def test_gradients(case, activation, dtype, platform):
     with jax.default_device(jax.devices("cpu")[0]):
         want = vjp(twin, [f64(a) for a in (x, w, bias, res)], f64(ct))
         pre = twin(*(f64(a) for a in (x, w, bias, res)), activation=None, layout=layout, **kw)
-    n_out = int(np.prod(res.shape)) // res.shape[_channel_axis(layout)]
-    k_conv = _k(w.shape, layout)
+    for name, g in zip(("dx", "dw", "dbias"), got):
+        assert g.dtype == (bias.dtype if name == "dbias" else np.dtype(dtype)), name
+    assert_gradients(got, want, pre, ct, dtype, w.shape, layout)
+
+
+def assert_gradients(got, want, pre, ct, arith, w_shape, layout, growth=1.0, what=""):
+    """d(x), d(w), d(bias), d(residual) against the float64 twin's (`want`), `pre` the twin's
+    pre-activation and `ct` the cotangent."""
+    n_out = int(np.prod(ct.shape)) // ct.shape[_channel_axis(layout)]
+    k_conv = _k(w_shape, layout)
     for name, g, r, k in zip(("dx", "dw", "dbias", "dresidual"), got, want,
                              (k_conv, n_out, n_out, k_conv)):
-        assert g.dtype == (bias.dtype if name == "dbias" else np.dtype(dtype)), name
         # d(residual) = ct * act'(z): its own rounding, and z's error through act''
         scale = rms(r) + np.abs(ct) * rms(pre) if name == "dresidual" else None
-        assert_close(g, r, dtype, k=k, scale=scale, what=name)
+        assert_close(g, r, arith, k=k, scale=scale, what=f"{what}{name}", growth=growth)
 
 
 # Channels in multiples of 8, so that the tensor-core GEMM algorithms run it: their wgmma
@@ -178,16 +185,13 @@ def test_every_forward_algorithm(dtype, platform):
         want_grads = back(f64(ct))
         want_relu = twin(*args64, activation="relu", layout=layout, **kw)
     k_conv = _k(w_shape, layout)
-    n_out = int(np.prod(y_shape[:-1]))
     for name in names:
         growth = error_growth(name, arith)
         y, back = jax.vjp(jax.jit(lambda *a, name=name: call(*a, name)), *operands)
         assert_close(y, want, arith, k=k_conv, scale=MAX_SLOPE * max(rms(want), rms(pre)),
                      what=f"{name} y", growth=growth)
-        for g_name, g, r, k in zip(("dx", "dw", "dbias", "dresidual"), back(ct_dev),
-                                   want_grads, (k_conv, n_out, n_out, k_conv)):
-            scale = rms(r) + np.abs(ct) * rms(pre) if g_name == "dresidual" else None
-            assert_close(g, r, arith, k=k, scale=scale, what=f"{name} {g_name}", growth=growth)
+        assert_gradients(back(ct_dev), want_grads, pre, ct, arith, w_shape, layout, growth,
+                         what=f"{name} ")
         y = jax.jit(lambda *a, name=name: call(*a, name, "relu"))(*operands)
         assert_close(y, want_relu, arith, k=k_conv, scale=rms(pre), what=f"{name} relu y",
                      growth=growth)

@@ -2,8 +2,8 @@
 // one thread per vector of kV elements (16 bytes: cuda_vec.h) when K is a multiple of kV and
 // the tensors are 16-byte aligned (XLA's buffers are), else of one element; the vector's
 // channel k by a multiply-high division (FastDiv: each launch covers fewer than 2^31 vectors).
-// Math in float (double for float64) with activation_math.h's formulas on CudaMath (its fast
-// forms for 16-bit results), as the activation kernels.
+// The arithmetic is apply_epilogue's (cuda_epilogue.cuh), the wgmma GEMMs' too; the activation
+// is a run-time code (a uniform branch per vector), so one kernel serves every activation.
 //
 // Budget: at the H100's ~3 TB/s each SM retires a 16-byte vector per ~1.4 ns, ~180 thread
 // instructions at 1.98 GHz; a 64-bit division costs ~100 of them, GELU's ~20 per element. A
@@ -13,11 +13,10 @@
 
 #include <algorithm>
 
-#include "cc/activation/activation_math.h"
-#include "cc/activation/cuda_math_policy.cuh"
 #include "cc/common/cuda_util.h"
 #include "cc/common/cuda_vec.h"
 #include "cc/conv/cuda_algorithms.h"
+#include "cc/conv/cuda_epilogue.cuh"
 
 namespace jaxdnn::conv {
 namespace {
@@ -38,48 +37,32 @@ __device__ __forceinline__ void load_n(const T* p, T (&v)[kV]) {
 
 // One thread: elements [kV iv, kV iv + kV) of y (rows x K), channels k.. k + kV - 1 of one row.
 // src is c, or y itself (read, then written by the same thread: no __restrict__ on either).
-template <activation::Op kOp, typename T, int kV>
+template <typename T, int kV>
 __global__ void __launch_bounds__(kThreads)
     epilogue_kernel(T* y, const T* src, const cuda::dev_acc_t<T>* __restrict__ bias,
-                    const T* __restrict__ res, int nv, cuda::FastDiv kv, bool act,
+                    const T* __restrict__ res, int nv, cuda::FastDiv kv, int act,
                     cuda::dev_acc_t<T> alpha) {
-  using A = cuda::dev_acc_t<T>;
-  using M = activation::CudaMath<sizeof(T) == 2>;
   cuda::await_prior_grids();
   const int iv = blockIdx.x * kThreads + threadIdx.x;
   if (iv >= nv) return;
   const int64_t i = int64_t(iv) * kV;
   const int k = (iv - kv.div(iv) * int(kv.d)) * kV;
-  T in[kV];
-  load_n<kV>(src + i, in);
-  A v[kV];
-#pragma unroll
-  for (int j = 0; j < kV; ++j) v[j] = A(cuda::to_acc(in[j]));
-  if (bias) {
-#pragma unroll
-    for (int j = 0; j < kV; ++j) v[j] += __ldg(bias + k + j);
-  }
-  if (res) {
-    load_n<kV>(res + i, in);
-#pragma unroll
-    for (int j = 0; j < kV; ++j) v[j] += A(cuda::to_acc(in[j]));
-  }
-  if (act) {
-#pragma unroll
-    for (int j = 0; j < kV; ++j) v[j] = activation::forward<kOp, M>(v[j], alpha);
-  }
+  T v[kV], r[kV];
+  load_n<kV>(src + i, v);
+  if (res) load_n<kV>(res + i, r);
+  apply_epilogue(v, bias, k, res ? r : nullptr, act, alpha);
   if constexpr (kV == 1) {
-    y[i] = cuda::from_acc<T>(v[0]);
+    y[i] = v[0];
   } else {
     cuda::Vec<T> out;
 #pragma unroll
-    for (int j = 0; j < kV; ++j) out.v[j] = cuda::from_acc<T>(v[j]);
+    for (int j = 0; j < kV; ++j) out.v[j] = v[j];
     out.store_stream(y + i);
   }
 }
 
 // Launches over y in pieces of whole rows, each fewer than kMaxVectors vectors.
-template <activation::Op kOp, typename T, int kV>
+template <typename T, int kV>
 Status launch_epilogue(const Epilogue& e, const EpilogueBuffers& b, cudaStream_t stream) {
   using A = cuda::dev_acc_t<T>;
   const int64_t kv = e.K / kV, rows_per_launch = std::max<int64_t>(1, kMaxVectors / kv);
@@ -89,9 +72,9 @@ Status launch_epilogue(const Epilogue& e, const EpilogueBuffers& b, cudaStream_t
     const T* src = static_cast<const T*>(b.c ? b.c : b.y) + off;
     const T* res = b.residual ? static_cast<const T*>(b.residual) + off : nullptr;
     const Status s = cuda::launch(
-        "conv epilogue_kernel", epilogue_kernel<kOp, T, kV>, cuda::grid_for(nv, kThreads),
-        kThreads, 0, stream, static_cast<T*>(b.y) + off, src, static_cast<const A*>(b.bias),
-        res, int(nv), cuda::FastDiv(uint32_t(kv)), e.act, A(e.alpha));
+        "conv epilogue_kernel", epilogue_kernel<T, kV>, cuda::grid_for(nv, kThreads), kThreads,
+        0, stream, static_cast<T*>(b.y) + off, src, static_cast<const A*>(b.bias), res, int(nv),
+        cuda::FastDiv(uint32_t(kv)), e.act ? int(e.op) : -1, A(e.alpha));
     if (!s.ok()) return s;
   }
   return Status::Ok();
@@ -101,21 +84,18 @@ Status launch_epilogue(const Epilogue& e, const EpilogueBuffers& b, cudaStream_t
 
 Status cuda_epilogue(const Epilogue& e, const EpilogueBuffers& b, cudaStream_t stream) {
   if (e.rows * e.K == 0) return Status::Ok();
+  if (e.act && (int(e.op) < 0 || int(e.op) >= activation::kNumOps))
+    return Status::Error("conv epilogue: unknown activation code");
   Status status = Status::Error(std::string("conv epilogue: unsupported dtype ") +
                                 dtype_name(e.dtype));
-  const bool op_ok = activation::dispatch_op(e.op, [&](auto op) {
-    dispatch_io(e.dtype, e.dtype, [&](auto tag, auto) {
-      using T = cuda::device_t<decltype(tag)>;
-      constexpr int kV = cuda::Vec<T>::kN;
-      const bool vec = e.K % kV == 0 && cuda::vec_aligned(b.y) &&
-                       (!b.c || cuda::vec_aligned(b.c)) &&
-                       (!b.residual || cuda::vec_aligned(b.residual));
-      constexpr auto kOp = decltype(op)::value;
-      status = vec ? launch_epilogue<kOp, T, kV>(e, b, stream)
-                   : launch_epilogue<kOp, T, 1>(e, b, stream);
-    });
+  dispatch_io(e.dtype, e.dtype, [&](auto tag, auto) {
+    using T = cuda::device_t<decltype(tag)>;
+    constexpr int kV = cuda::Vec<T>::kN;
+    const bool vec = e.K % kV == 0 && cuda::vec_aligned(b.y) && (!b.c || cuda::vec_aligned(b.c)) &&
+                     (!b.residual || cuda::vec_aligned(b.residual));
+    status = vec ? launch_epilogue<T, kV>(e, b, stream) : launch_epilogue<T, 1>(e, b, stream);
   });
-  return op_ok ? status : Status::Error("conv epilogue: unknown activation code");
+  return status;
 }
 
 }  // namespace jaxdnn::conv

@@ -384,7 +384,7 @@ Status launch_wgmma(const typename AL::Params& ap, const typename BL::Params& bp
 inline bool fuse_epilogue(const Args& a, const void* result, Reduce r, Epilogue* epi) {
   const FusedEpilogue* f = a.epilogue;
   if (f == nullptr || a.dir != Direction::kFwd || r != Reduce::kNone || a.rows.mapped() ||
-      result != f->result || f->e.dtype == DType::kF64)
+      result != f->result() || f->e.dtype == DType::kF64)
     return false;
   epi->y = f->b.y;
   epi->bias = static_cast<const float*>(f->b.bias);

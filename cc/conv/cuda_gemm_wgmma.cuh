@@ -38,8 +38,7 @@
 
 #include <new>
 
-#include "cc/activation/activation_math.h"
-#include "cc/activation/cuda_math_policy.cuh"
+#include "cc/conv/cuda_epilogue.cuh"
 #include "cc/conv/cuda_gemm_core.cuh"
 #include "cc/conv/cuda_tma.cuh"
 
@@ -271,7 +270,6 @@ struct FusedRows {
 template <typename O>
 __device__ __forceinline__ void put_chunk(const FusedRows<O>& f, int r, int col, uint4 v) {
   constexpr int kN = int(sizeof(uint4) / sizeof(O));
-  using M = activation::CudaMath<sizeof(O) == 2>;
   const int64_t at = f.at0 + r * f.ld + col;
   if (f.out) *reinterpret_cast<uint4*>(f.out + at) = v;
   O c[kN], res[kN];
@@ -280,14 +278,7 @@ __device__ __forceinline__ void put_chunk(const FusedRows<O>& f, int r, int col,
     const uint4 rv = *reinterpret_cast<const uint4*>(f.residual + at);
     memcpy(res, &rv, sizeof(rv));
   }
-#pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    float z = cuda::to_acc(c[i]);
-    if (f.bias) z += __ldg(f.bias + f.col0 + col + i);
-    if (f.residual) z += cuda::to_acc(res[i]);
-    if (f.act >= 0) z = activation::forward_op<M>(activation::Op(f.act), z, f.alpha);
-    c[i] = cuda::from_acc<O>(z);
-  }
+  apply_epilogue(c, f.bias, f.col0 + col, f.residual ? res : nullptr, f.act, f.alpha);
   memcpy(&v, c, sizeof(v));
   *reinterpret_cast<uint4*>(f.y + at) = v;
 }

@@ -41,14 +41,14 @@ struct EpilogueBuffers {
 
 // The epilogue as a forward algorithm sees it (Args::epilogue). An algorithm whose kernels
 // apply it on their way out (the wgmma GEMMs' dense stores: cuda_gemm_wgmma.cuh) sets
-// `applied`; otherwise the call runs the pass after it. `result` is where the algorithm's own
-// result goes (c when the call keeps it, else y): only a kernel that stores straight into it,
-// in its layout, may apply the epilogue.
+// `applied`; otherwise the call runs the pass after it. Only a kernel that stores straight into
+// the algorithm's own result (`result()`), in its layout, may apply the epilogue.
 struct FusedEpilogue {
   Epilogue e;
   EpilogueBuffers b;
-  const void* result = nullptr;
   mutable bool applied = false;
+  // Where the algorithm's result goes: c when the call keeps it, else y.
+  const void* result() const { return b.c ? b.c : b.y; }
 };
 
 // The passes: cpu_epilogue (cpu_algorithms.h) and cuda_epilogue (cuda_algorithms.h).

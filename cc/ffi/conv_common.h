@@ -209,7 +209,7 @@ struct ConvHandlers {
     const std::string err = make_epilogue(args, bias, residual, *y, *c, act, alpha, &epi, &eb);
     if (!err.empty()) return invalid("jaxdnn conv fwd_fused: " + err);
     ffi::AnyBuffer& conv_out = eb.c ? *c : *y;
-    const conv::FusedEpilogue fused{epi, eb, conv_out.untyped_data()};
+    const conv::FusedEpilogue fused{epi, eb};
     args.epilogue = &fused;
     e = kRun(*alg, args, conv_buffers(conv::Direction::kFwd, x, w, conv_out), conv_out,
              *workspace, ctx);

@@ -331,8 +331,8 @@ for _dir, _prim in _PRIMS.items():
 # would cost the forward a write). The jvp is the bilinear convolution's tangent (conv_fwd_p,
 # so reverse mode runs the backward kernels) plus the bias's and residual's, times the
 # activation's derivative at z as jax.nn defines it (jnp: XLA fuses it with the bias
-# gradient's sum). The kernel call runs the chosen forward algorithm, then the epilogue's pass
-# over its result.
+# gradient's sum). The kernel call runs the chosen forward algorithm with the epilogue: in the
+# wgmma GEMMs' stores, or as a pass over the algorithm's result (cc/conv/epilogue.h).
 
 def _gelu_tanh(z):
     """jax.nn.gelu(approximate=True) written as z * sigmoid(2u), u = sqrt(2/pi) (z + 0.044715
@@ -783,19 +783,18 @@ def _conv_core(lhs, rhs, dnums, window_strides, padding, lhs_dilation, rhs_dilat
     spec = spec.replace(tf32=_allows_tf32(precision, compute))
     kw = dict(spec=spec, algo=_normalise_algo(algo), out_dtype=out_dtype,
               policy=config_lib.settings().policy())
-    # A transposed convolution runs as a strided one's data gradient; a pinned algorithm names
-    # the kernel by what it computes (`fwd` this forward, which the strided convolution's
-    # bwd_data kernel runs; `bwd_data` the input gradient, its forward kernel).
-    strided = _as_data_gradient(spec)
-    if epilogue is None and strided is not None:
+    if epilogue is not None:
+        bias, res, act = _check_epilogue(epilogue, spec, dnums, out_dtype, result_dtype, names)
+        y, _ = conv_fused_p.bind(x, w, bias, res, act=act, save_c=False, **kw)
+    elif (strided := _as_data_gradient(spec)) is not None:
+        # A transposed convolution runs as a strided one's data gradient; a pinned algorithm
+        # names the kernel by what it computes (`fwd` this forward, which the strided
+        # convolution's bwd_data kernel runs; `bwd_data` the input gradient, its forward kernel).
         fwd, bwd_data, bwd_filter = kw["algo"]
         y = _bind("bwd_data", x, _swap_filter(w, spec.groups),
                   **dict(kw, spec=strided, algo=(bwd_data, fwd, bwd_filter)))
-    elif epilogue is None:
-        y = _bind("fwd", x, w, **kw)
     else:
-        bias, res, act = _check_epilogue(epilogue, spec, dnums, out_dtype, result_dtype, names)
-        y, _ = conv_fused_p.bind(x, w, bias, res, act=act, save_c=False, **kw)
+        y = _bind("fwd", x, w, **kw)
     return lax.convert_element_type(finish(y), result_dtype)
 
 
